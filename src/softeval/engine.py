@@ -1,0 +1,196 @@
+"""Inference engine over a frozen HF causal LM: batched greedy generation and option loglikelihoods.
+
+Both paths left-pad a batch and give every row explicit position ids from its attention mask, so
+a row's result does not depend on what else is in its batch. Vocabulary logits are computed only
+where a token is chosen or scored: the LM head over a large vocabulary at every position would
+otherwise dominate small models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from softeval.models import LoadedModel
+from softeval.prompts import Cloze
+
+Advance = Callable[[int], None]
+
+
+@dataclass
+class Completion:
+    text: str  # cut before the first stop string
+    n_tokens: int
+    stop_reason: str  # "stop", "eos" or "length"
+
+
+class Engine:
+    def __init__(self, lm: LoadedModel, batch_size: int = 16, logits_chunk: int = 256):
+        self.lm = lm
+        self.model = lm.model
+        self.decoder = lm.model.base_model  # the transformer without its LM head
+        self.batch_size = batch_size
+        self.logits_chunk = logits_chunk
+        self.device = next(lm.model.parameters()).device
+        softcap = getattr(lm.model.config, "final_logit_softcapping", None)
+        self.softcap = float(softcap) if softcap else None
+
+    # --- generation ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        stop: Sequence[str],
+        max_new_tokens: int,
+        advance: Advance = lambda n: None,
+    ) -> list[Completion]:
+        """Greedy completions, one per prompt, in the prompts' order."""
+        results: list[Completion | None] = [None] * len(prompts)
+        for batch in self._length_buckets([len(p) for p in prompts]):
+            for i, completion in zip(batch, self._generate_batch([prompts[i] for i in batch], stop, max_new_tokens)):
+                results[i] = completion
+            advance(len(batch))
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], stop: Sequence[str], max_new_tokens: int) -> list[Completion]:
+        tokenizer = self.lm.tokenizer
+        eos = set(self.lm.eos_token_ids)
+        ids, mask, positions = self._left_pad(prompts)
+        cache = DynamicCache(config=self.model.config)
+        hidden = self._forward(self._embed(ids), mask, positions, cache)[:, -1]
+        next_tokens = self._logits(hidden).argmax(-1)
+        generated: list[list[int]] = [[] for _ in prompts]
+        done: list[Completion | None] = [None] * len(prompts)
+        rows = list(range(len(prompts)))  # batch row -> prompt index, for rows still running
+        for step in range(max_new_tokens):
+            keep = []
+            for slot, i in enumerate(rows):
+                token = int(next_tokens[slot])
+                if token in eos:
+                    done[i] = Completion(tokenizer.decode(generated[i], skip_special_tokens=True), len(generated[i]), "eos")
+                    continue
+                generated[i].append(token)
+                text = tokenizer.decode(generated[i], skip_special_tokens=True)
+                cut = _first_stop(text, stop)
+                if cut is not None:
+                    done[i] = Completion(text[:cut], len(generated[i]), "stop")
+                elif step == max_new_tokens - 1:
+                    done[i] = Completion(text, len(generated[i]), "length")
+                else:
+                    keep.append(slot)
+            if not keep:
+                break
+            if len(keep) < len(rows):  # finished rows leave the batch and its cache
+                index = torch.tensor(keep, device=self.device)
+                cache.reorder_cache(index)
+                mask, positions, next_tokens = mask[index], positions[index], next_tokens[index]
+                rows = [rows[s] for s in keep]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+            hidden = self._forward(self._embed(next_tokens[:, None]), mask, positions, cache)[:, -1]
+            next_tokens = self._logits(hidden).argmax(-1)
+        return done  # type: ignore[return-value]
+
+    # --- loglikelihood ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def loglikelihood(self, clozes: Sequence[Cloze], advance: Advance = lambda n: None) -> list[list[float]]:
+        """Summed log-probability of each option's continuation given its context.
+
+        Each context is encoded once; its KV cache is then shared by all of its options."""
+        results: list[list[float] | None] = [None] * len(clozes)
+        for batch in self._length_buckets([len(c.context_ids) for c in clozes]):
+            for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch])):
+                results[i] = scores
+            advance(len(batch))
+        return results  # type: ignore[return-value]
+
+    def _loglikelihood_batch(self, clozes: list[Cloze]) -> list[list[float]]:
+        ids, mask, positions = self._left_pad([c.context_ids for c in clozes])
+        cache = DynamicCache(config=self.model.config)
+        context_last = self._forward(self._embed(ids), mask, positions, cache)[:, -1]
+
+        owner = [b for b, c in enumerate(clozes) for _ in c.continuation_ids]  # option row -> context row
+        continuations = [o for c in clozes for o in c.continuation_ids]
+        longest = max(len(o) for o in continuations)
+        # Every option token is predicted by the hidden state before it: the context's last state
+        # for the first token, the option's own states (inputs: all but its last token) after that.
+        first = context_last[owner]
+        if longest > 1:
+            index = torch.tensor(owner, device=self.device)
+            cache.reorder_cache(index)  # one copy of the context's cache per option
+            inputs = torch.zeros(len(continuations), longest - 1, dtype=torch.long, device=self.device)
+            option_mask = torch.zeros_like(inputs)
+            for r, option in enumerate(continuations):
+                inputs[r, : len(option) - 1] = torch.tensor(option[:-1])
+                option_mask[r, : len(option) - 1] = 1
+            full_mask = torch.cat([mask[index], option_mask], dim=1)
+            option_positions = positions[index, -1:] + 1 + torch.arange(longest - 1, device=self.device)
+            hidden = self._forward(self._embed(inputs), full_mask, option_positions, cache)
+        rows, targets = [], []
+        for r, option in enumerate(continuations):
+            rows.append(first[r : r + 1])
+            if len(option) > 1:
+                rows.append(hidden[r, : len(option) - 1])
+            targets.extend(option)
+        scores = self._token_logprobs(torch.cat(rows), torch.tensor(targets, device=self.device))
+        per_option, start = [], 0
+        for option in continuations:
+            per_option.append(float(scores[start : start + len(option)].sum()))
+            start += len(option)
+        grouped, start = [], 0
+        for c in clozes:
+            grouped.append(per_option[start : start + len(c.continuation_ids)])
+            start += len(c.continuation_ids)
+        return grouped
+
+    # --- shared pieces ------------------------------------------------------------------------------
+
+    def _length_buckets(self, lengths: list[int]) -> list[list[int]]:
+        """Batches of similar length (longest first, so memory peaks early and predictably)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        return [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+
+    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros(len(sequences), width, dtype=torch.long)
+        for r, seq in enumerate(sequences):
+            ids[r, width - len(seq) :] = torch.tensor(seq)
+            mask[r, width - len(seq) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        # through the model's own embedding module: Gemma scales embeddings by sqrt(hidden)
+        return self.model.get_input_embeddings()(ids)
+
+    def _forward(self, embeds, mask, positions, cache) -> torch.Tensor:
+        out = self.decoder(
+            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        )
+        return out.last_hidden_state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.get_output_embeddings()(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(target) for each row, computing the vocabulary in chunks to bound memory."""
+        out = []
+        for s in range(0, len(targets), self.logits_chunk):
+            logits = self._logits(hidden[s : s + self.logits_chunk])
+            picked = logits.gather(1, targets[s : s + self.logits_chunk, None])[:, 0]
+            out.append(picked - torch.logsumexp(logits, dim=-1))
+        return torch.cat(out)
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return min(cuts) if cuts else None

@@ -1,0 +1,175 @@
+"""One evaluation cell: a model, a task and a method, from examples to metrics and sample logs.
+
+    spec -> examples -> prompts -> engine (generate, loglikelihood) -> parsers -> metrics -> files
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import Literal
+
+from softeval._io import write_json_atomic, write_jsonl_atomic
+from softeval.data import load_examples, mirror_path, resolve_data_dir
+from softeval.engine import Engine
+from softeval.errors import SoftevalError
+from softeval.metrics import Metric, aggregate, score_sample
+from softeval.models import LoadedModel
+from softeval.parsers import parser_for
+from softeval.progress import progress_bar
+from softeval.prompts import PromptBuilder, choose_demos
+from softeval.task import TaskSpec
+
+log = logging.getLogger("softeval")
+
+Method = Literal["zero-shot", "few-shot"]
+METHODS: tuple[str, ...] = ("zero-shot", "few-shot")
+
+
+@dataclass
+class EvalResult:
+    config: dict
+    metrics: dict[str, Metric]
+    samples: list[dict]
+    model: dict
+    data: dict
+    timings: dict[str, float]
+    n_truncated: int
+    versions: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config,
+            "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
+            "n_examples": len(self.samples),
+            "n_truncated_prompts": self.n_truncated,
+            "model": self.model,
+            "data": self.data,
+            "timings_s": self.timings,
+            "versions": self.versions,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def save(self, folder: str | Path) -> Path:
+        """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
+        folder = Path(folder)
+        write_jsonl_atomic(folder / "samples.jsonl", self.samples)
+        write_json_atomic(folder / "results.json", self.to_json())
+        return folder
+
+
+def evaluate(
+    lm: LoadedModel,
+    spec: TaskSpec,
+    method: Method = "zero-shot",
+    *,
+    chat: bool = False,
+    k: int = 5,
+    limit: int | None = None,
+    seed: int = 0,
+    data_dir: str | Path | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> EvalResult:
+    """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
+    multiple-choice knowledge."""
+    if method not in METHODS:
+        raise SoftevalError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
+    if chat and not lm.post_trained:
+        raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
+    started = time.perf_counter()
+    examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
+    shots = k if method == "few-shot" else 0
+    demos = []
+    if shots:
+        pool = load_examples(spec, spec.dataset.fewshot_split, data_dir)
+        demos = choose_demos(spec, pool, shots, seed)
+    builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens)
+    prompts = [builder.generation(ex) for ex in examples]
+    clozes = [builder.cloze(ex) for ex in examples] if spec.is_multiple_choice else None
+    timings = {"prepare": time.perf_counter() - started}
+
+    engine = Engine(lm, batch_size=batch_size)
+    tick = time.perf_counter()
+    with progress_bar(f"{lm.name} {spec.name} {method}: generate", len(prompts), progress) as advance:
+        completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens, advance)
+    timings["generate"] = time.perf_counter() - tick
+    loglikelihoods = None
+    if clozes is not None:
+        tick = time.perf_counter()
+        with progress_bar(f"{lm.name} {spec.name} {method}: score options", len(clozes), progress) as advance:
+            loglikelihoods = engine.loglikelihood(clozes, advance)
+        timings["loglikelihood"] = time.perf_counter() - tick
+
+    parser = parser_for(spec.answer_format, spec.max_answer_words)
+    samples = []
+    for i, (example, prompt, completion) in enumerate(zip(examples, prompts, completions)):
+        scored = score_sample(parser, example, completion.text, loglikelihoods[i] if loglikelihoods else None)
+        samples.append(
+            {
+                "index": example.index,
+                "source": example.source,
+                "prompt": prompt.text,
+                "n_demos": prompt.n_demos,
+                "truncated": prompt.truncated or bool(clozes and clozes[i].truncated),
+                "completion": completion.text,
+                "stop_reason": completion.stop_reason,
+                "gold": example.answer,
+                **({"choices": example.choices} if example.choices else {}),
+                **scored,
+            }
+        )
+    n_truncated = sum(s["truncated"] for s in samples)
+    if n_truncated:
+        log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
+    timings["total"] = time.perf_counter() - started
+    config = {
+        "model": lm.identity["spec"],
+        "task": spec.name,
+        "method": method,
+        "chat": chat,
+        "k": shots,
+        "limit": limit,
+        "seed": seed,
+        "batch_size": batch_size,
+        "eval_split": spec.dataset.eval_split,
+        "max_new_tokens": spec.max_new_tokens,
+        "stop": spec.stop,
+    }
+    return EvalResult(
+        config=config,
+        metrics=aggregate(samples, seed=seed),
+        samples=samples,
+        model=lm.identity,
+        data=data_identity(spec, spec.dataset.eval_split, data_dir),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        n_truncated=n_truncated,
+        versions=package_versions(),
+    )
+
+
+def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
+    identity = {"task_spec": spec.source_file, "spec_sha256": _sha256_text(spec.model_dump_json()), "split": split}
+    root = resolve_data_dir(data_dir)
+    if spec.dataset.data_files is not None:
+        path = Path(spec.source_file).parent / spec.dataset.data_files[split]
+    elif root is not None:
+        path = mirror_path(spec, split, root)
+    else:
+        return identity | {"source": f"hub:{spec.dataset.path}/{spec.dataset.config}"}
+    return identity | {"source": str(path.resolve()), "sha256": _sha256_text(path.read_bytes())}
+
+
+def package_versions() -> dict:
+    names = ("softeval", "torch", "transformers", "datasets")
+    return {"python": platform.python_version(), **{n: version(n) for n in names}}
+
+
+def _sha256_text(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

