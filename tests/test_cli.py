@@ -78,3 +78,24 @@ def test_tasks_and_models_listings(mirror):
     assert tasks.exit_code == 0 and "gsm8k" in tasks.output and "1319" in tasks.output
     models = run("models")
     assert models.exit_code == 0 and "gemma-3-270m" in models.output
+
+
+def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    model = tiny_model_dirs["llama"]
+    tuned = run("tune", "--model", model, "--task", task, "--steps", 4, "--eval-every", 2, "--length", 3, "--val-size", 4, "--output", tmp_path / "tuned")
+    assert tuned.exit_code == 0, tuned.output
+    assert {"soft_prompt.safetensors", "curve.json", "curve.png", "checkpoint.safetensors"} <= {p.name for p in (tmp_path / "tuned").iterdir()}
+    curve = json.loads((tmp_path / "tuned" / "curve.json").read_text())
+    assert [p["step"] for p in curve] == [2, 4] and {"train_loss", "val_loss", "format_following", "knowledge"} <= set(curve[0])
+    out = tmp_path / "out"
+    result = run("eval", "--model", model, "--task", task, "--method", "soft-prompt", "--prompt", tmp_path / "tuned", "--output", out)
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / model.name / "capitals" / "soft-prompt" / "results.json").read_text())
+    assert results["config"]["soft_prompt_length"] == 3
+
+
+def test_soft_prompt_method_without_a_prompt(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS)
+    result = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--method", "soft-prompt", "--output", tmp_path / "o")
+    assert "needs a tuned prompt" in str(result.exception)

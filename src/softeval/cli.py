@@ -15,6 +15,8 @@ from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, evaluate
 from softeval.models import ALIASES, cache_root, cached_models, load_model, prepare_alias
 from softeval.progress import console, stdout
+from softeval.softprompt import load_soft_prompt
+from softeval.tune import TuneConfig, tune
 from softeval.report import cell_label, metrics_table, write_summary
 from softeval.task import builtin_tasks, load_task
 
@@ -43,6 +45,7 @@ def eval_command(
     method: Annotated[list[str], typer.Option(help=f"One of {', '.join(METHODS)}; repeatable.")] = ["zero-shot"],  # noqa: B006
     chat: Annotated[bool, typer.Option(help="Wrap prompts in the chat template (models that have one).")] = False,
     k: Annotated[int, typer.Option(help="Demonstrations for few-shot.")] = 5,
+    prompt: Annotated[Path | None, typer.Option(help="Tuned soft prompt (file or tune folder) for --method soft-prompt.")] = None,
     limit: Annotated[int | None, typer.Option(help="Evaluate a fixed, seeded subset of N rows.")] = None,
     seed: int = 0,
     batch_size: int = 16,
@@ -60,14 +63,55 @@ def eval_command(
         use_chat = chat and lm.post_trained
         if chat and not use_chat:
             logging.getLogger("softeval").warning("%s has no chat template: evaluated without --chat", lm.name)
+        soft = load_soft_prompt(prompt, lm)[0] if prompt is not None else None
         for spec in specs:
             for m in method:
-                result = evaluate(lm, spec, m, chat=use_chat, k=k, limit=limit, seed=seed, data_dir=data_dir, batch_size=batch_size)
+                result = evaluate(
+                    lm, spec, m, chat=use_chat, k=k, soft_prompt=soft if m == "soft-prompt" else None,
+                    limit=limit, seed=seed, data_dir=data_dir, batch_size=batch_size,
+                )
                 folder = result.save(output / lm.name / spec.name / cell_label(result.config).replace(" +", "-"))
                 console.print(f"wrote {folder}", highlight=False)
                 results.append(result)
     write_summary(results, output)
     stdout.print(metrics_table(results))
+
+
+@app.command("tune")
+def tune_command(
+    model: Annotated[str, typer.Option(help="Alias, local folder, .gguf file or hub id.")],
+    task: Annotated[str, typer.Option(help="Built-in task name or task YAML path.")],
+    output: Annotated[Path, typer.Option(help="Folder for soft_prompt.safetensors, curve.json, curve.png.")],
+    steps: int = 120,
+    batch_size: int = 8,
+    lr: float = 0.01,
+    length: Annotated[int, typer.Option(help="Soft-prompt vectors (L).")] = 10,
+    init: Annotated[str, typer.Option(help="vocab, text or random.")] = "vocab",
+    init_text: Annotated[str | None, typer.Option(help="Words to start from with --init text.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Validate, record the curve and checkpoint every E steps.")] = 10,
+    val_size: int = 64,
+    chat: Annotated[bool, typer.Option(help="Tune with the chat template applied.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue from OUTPUT/checkpoint.safetensors.")] = False,
+    seed: int = 0,
+    data_dir: DataDir = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Tune a soft prompt for a frozen model on a task's tuning split."""
+    if init not in ("vocab", "text", "random"):
+        raise SoftevalError(f"unknown init '{init}'; choose vocab, text or random")
+    spec = load_task(task)
+    config = TuneConfig(
+        steps=steps, batch_size=batch_size, lr=lr, length=length, init=init, init_text=init_text,
+        eval_every=eval_every, val_size=val_size, chat=chat, seed=seed,
+    )
+    summary = tune(load_model(model, cache_dir=cache_dir), spec, config, output=output, data_dir=data_dir, resume=resume)
+    final = summary["final"]
+    stdout.print(
+        f"tuned {steps} steps in {summary['tuning_seconds']} s; validation: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if isinstance(v, float)),
+        highlight=False,
+    )
+    stdout.print(f"wrote {output / 'soft_prompt.safetensors'}", highlight=False)
 
 
 @app.command("tasks")

@@ -28,8 +28,15 @@ class Completion:
 
 
 class Engine:
-    def __init__(self, lm: LoadedModel, batch_size: int = 16, logits_chunk: int = 256):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        batch_size: int = 16,
+        logits_chunk: int = 256,
+        soft_prompt: torch.Tensor | None = None,  # (L, hidden), placed after BOS in every sequence
+    ):
         self.lm = lm
+        self.soft_prompt = soft_prompt
         self.model = lm.model
         self.decoder = lm.model.base_model  # the transformer without its LM head
         self.batch_size = batch_size
@@ -59,10 +66,10 @@ class Engine:
     def _generate_batch(self, prompts: list[list[int]], stop: Sequence[str], max_new_tokens: int) -> list[Completion]:
         tokenizer = self.lm.tokenizer
         eos = set(self.lm.eos_token_ids)
-        ids, mask, positions = self._left_pad(prompts)
+        embeds, mask, positions = self.inputs(prompts)
         cache = DynamicCache(config=self.model.config)
-        hidden = self._forward(self._embed(ids), mask, positions, cache)[:, -1]
-        next_tokens = self._logits(hidden).argmax(-1)
+        hidden = self._forward(embeds, mask, positions, cache)[:, -1]
+        next_tokens = self.logits(hidden).argmax(-1)
         generated: list[list[int]] = [[] for _ in prompts]
         done: list[Completion | None] = [None] * len(prompts)
         rows = list(range(len(prompts)))  # batch row -> prompt index, for rows still running
@@ -92,7 +99,7 @@ class Engine:
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             positions = positions[:, -1:] + 1
             hidden = self._forward(self._embed(next_tokens[:, None]), mask, positions, cache)[:, -1]
-            next_tokens = self._logits(hidden).argmax(-1)
+            next_tokens = self.logits(hidden).argmax(-1)
         return done  # type: ignore[return-value]
 
     # --- loglikelihood ----------------------------------------------------------------------------
@@ -110,9 +117,9 @@ class Engine:
         return results  # type: ignore[return-value]
 
     def _loglikelihood_batch(self, clozes: list[Cloze]) -> list[list[float]]:
-        ids, mask, positions = self._left_pad([c.context_ids for c in clozes])
+        embeds, mask, positions = self.inputs([c.context_ids for c in clozes])
         cache = DynamicCache(config=self.model.config)
-        context_last = self._forward(self._embed(ids), mask, positions, cache)[:, -1]
+        context_last = self._forward(embeds, mask, positions, cache)[:, -1]
 
         owner = [b for b, c in enumerate(clozes) for _ in c.continuation_ids]  # option row -> context row
         continuations = [o for c in clozes for o in c.continuation_ids]
@@ -155,15 +162,32 @@ class Engine:
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
 
-    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in sequences)
+    def inputs(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded input embeddings, attention mask and position ids for a batch.
+
+        The soft prompt goes after the padding and after BOS, so position ids count from each
+        row's own first token and no row sees another row's padding."""
+        soft = self.soft_prompt
+        n_soft = 0 if soft is None else soft.shape[0]
+        bos = self.lm.bos_token_id
+        width = max(len(s) for s in sequences) + n_soft
         ids = torch.zeros(len(sequences), width, dtype=torch.long)
         mask = torch.zeros(len(sequences), width, dtype=torch.long)
+        is_soft = torch.zeros(len(sequences), width, dtype=torch.bool)
         for r, seq in enumerate(sequences):
-            ids[r, width - len(seq) :] = torch.tensor(seq)
-            mask[r, width - len(seq) :] = 1
+            start = width - len(seq) - n_soft
+            n_head = 1 if bos is not None and seq and seq[0] == bos else 0
+            ids[r, start : start + n_head] = torch.tensor(seq[:n_head], dtype=torch.long)
+            ids[r, start + n_head + n_soft :] = torch.tensor(seq[n_head:], dtype=torch.long)
+            is_soft[r, start + n_head : start + n_head + n_soft] = True
+            mask[r, start:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        embeds = self._embed(ids.to(self.device))
+        if soft is not None:
+            # row by row the soft positions are consecutive, so they take soft[0..L-1] in order
+            slots = is_soft.to(self.device)
+            embeds = embeds.masked_scatter(slots[..., None], soft.to(embeds.dtype).repeat(len(sequences), 1))
+        return embeds, mask.to(self.device), positions.to(self.device)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         # through the model's own embedding module: Gemma scales embeddings by sqrt(hidden)
@@ -175,7 +199,7 @@ class Engine:
         )
         return out.last_hidden_state
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.get_output_embeddings()(hidden).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
@@ -185,7 +209,7 @@ class Engine:
         """log p(target) for each row, computing the vocabulary in chunks to bound memory."""
         out = []
         for s in range(0, len(targets), self.logits_chunk):
-            logits = self._logits(hidden[s : s + self.logits_chunk])
+            logits = self.logits(hidden[s : s + self.logits_chunk])
             picked = logits.gather(1, targets[s : s + self.logits_chunk, None])[:, 0]
             out.append(picked - torch.logsumexp(logits, dim=-1))
         return torch.cat(out)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from softeval._io import write_json_atomic, write_jsonl_atomic
-from softeval.data import load_examples, mirror_path, resolve_data_dir
+import torch
+
+from softeval.data import Example, load_examples, mirror_path, resolve_data_dir
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.metrics import Metric, aggregate, score_sample
@@ -28,8 +30,8 @@ from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
 
-Method = Literal["zero-shot", "few-shot"]
-METHODS: tuple[str, ...] = ("zero-shot", "few-shot")
+Method = Literal["zero-shot", "few-shot", "soft-prompt"]
+METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt")
 
 
 @dataclass
@@ -71,6 +73,7 @@ def evaluate(
     *,
     chat: bool = False,
     k: int = 5,
+    soft_prompt: torch.Tensor | None = None,
     limit: int | None = None,
     seed: int = 0,
     data_dir: str | Path | None = None,
@@ -78,32 +81,67 @@ def evaluate(
     progress: bool = True,
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
-    multiple-choice knowledge."""
+    multiple-choice knowledge. `soft-prompt` needs the tuned vectors in `soft_prompt`."""
     if method not in METHODS:
         raise SoftevalError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
     if chat and not lm.post_trained:
         raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
+    if (method == "soft-prompt") != (soft_prompt is not None):
+        raise SoftevalError("the soft-prompt method needs a tuned prompt (--prompt PATH), and only it takes one")
     started = time.perf_counter()
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     shots = k if method == "few-shot" else 0
-    demos = []
-    if shots:
-        pool = load_examples(spec, spec.dataset.fewshot_split, data_dir)
-        demos = choose_demos(spec, pool, shots, seed)
-    builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens)
+    demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed) if shots else []
+    n_soft = 0 if soft_prompt is None else soft_prompt.shape[0]
+    builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
+    engine = Engine(lm, batch_size=batch_size, soft_prompt=soft_prompt)
+    samples, timings = run_examples(spec, examples, builder, engine, f"{lm.name} {spec.name} {method}", progress)
+    n_truncated = sum(s["truncated"] for s in samples)
+    if n_truncated:
+        log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
+    timings["total"] = time.perf_counter() - started
+    config = {
+        "model": lm.identity["spec"],
+        "task": spec.name,
+        "method": method,
+        "chat": chat,
+        "k": shots,
+        "soft_prompt_length": n_soft,
+        "limit": limit,
+        "seed": seed,
+        "batch_size": batch_size,
+        "eval_split": spec.dataset.eval_split,
+        "max_new_tokens": spec.max_new_tokens,
+        "stop": spec.stop,
+    }
+    return EvalResult(
+        config=config,
+        metrics=aggregate(samples, seed=seed),
+        samples=samples,
+        model=lm.identity,
+        data=data_identity(spec, spec.dataset.eval_split, data_dir),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        n_truncated=n_truncated,
+        versions=package_versions(),
+    )
+
+
+def run_examples(
+    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine, label: str, progress: bool = True
+) -> tuple[list[dict], dict[str, float]]:
+    """Generate and score every example; returns the sample records and the time each stage took."""
+    tick = time.perf_counter()
     prompts = [builder.generation(ex) for ex in examples]
     clozes = [builder.cloze(ex) for ex in examples] if spec.is_multiple_choice else None
-    timings = {"prepare": time.perf_counter() - started}
-
-    engine = Engine(lm, batch_size=batch_size)
+    timings = {"prepare": time.perf_counter() - tick}
     tick = time.perf_counter()
-    with progress_bar(f"{lm.name} {spec.name} {method}: generate", len(prompts), progress) as advance:
+    with progress_bar(f"{label}: generate", len(prompts), progress) as advance:
         completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens, advance)
     timings["generate"] = time.perf_counter() - tick
     loglikelihoods = None
     if clozes is not None:
         tick = time.perf_counter()
-        with progress_bar(f"{lm.name} {spec.name} {method}: score options", len(clozes), progress) as advance:
+        with progress_bar(f"{label}: score options", len(clozes), progress) as advance:
             loglikelihoods = engine.loglikelihood(clozes, advance)
         timings["loglikelihood"] = time.perf_counter() - tick
 
@@ -125,33 +163,7 @@ def evaluate(
                 **scored,
             }
         )
-    n_truncated = sum(s["truncated"] for s in samples)
-    if n_truncated:
-        log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
-    timings["total"] = time.perf_counter() - started
-    config = {
-        "model": lm.identity["spec"],
-        "task": spec.name,
-        "method": method,
-        "chat": chat,
-        "k": shots,
-        "limit": limit,
-        "seed": seed,
-        "batch_size": batch_size,
-        "eval_split": spec.dataset.eval_split,
-        "max_new_tokens": spec.max_new_tokens,
-        "stop": spec.stop,
-    }
-    return EvalResult(
-        config=config,
-        metrics=aggregate(samples, seed=seed),
-        samples=samples,
-        model=lm.identity,
-        data=data_identity(spec, spec.dataset.eval_split, data_dir),
-        timings={k: round(v, 3) for k, v in timings.items()},
-        n_truncated=n_truncated,
-        versions=package_versions(),
-    )
+    return samples, timings
 
 
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:

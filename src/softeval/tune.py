@@ -1,0 +1,214 @@
+"""Soft-prompt tuning: the model stays frozen, AdamW updates only the L prompt vectors.
+
+The loss covers the target tokens only (the gold answer in the strict format, then the stop
+string, so the model learns to stop), and vocabulary logits are computed only at those positions.
+Every `eval_every` steps the run scores a fixed validation slice, appends to the curve and writes a
+checkpoint; batches depend only on (seed, step), so a resumed run ends where an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from softeval._io import write_json_atomic
+from softeval.data import Example, load_examples
+from softeval.engine import Engine
+from softeval.errors import SoftevalError
+from softeval.evaluate import run_examples
+from softeval.metrics import aggregate
+from softeval.models import LoadedModel
+from softeval.progress import progress_bar
+from softeval.prompts import PromptBuilder, tuning_target
+from softeval.softprompt import Init, initial_vectors, save_soft_prompt
+from softeval.task import TaskSpec
+
+CURVE_METRICS = ("format_following", "task_accuracy", "knowledge")
+
+
+class TuneConfig(BaseModel):
+    steps: int = Field(120, gt=0)
+    batch_size: int = Field(8, gt=0)
+    lr: float = Field(0.01, gt=0)
+    length: int = Field(10, gt=0)
+    init: Init = "vocab"
+    init_text: str | None = None
+    seed: int = 0
+    eval_every: int = Field(10, gt=0)
+    val_size: int = Field(64, gt=0)
+    max_grad_norm: float = 1.0
+    chat: bool = False
+
+
+class Tuner:
+    """Holds the frozen model, the prompt parameter and the data of one tuning run."""
+
+    def __init__(self, lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir=None):
+        self.lm, self.spec, self.config = lm, spec, config
+        if config.chat and not lm.post_trained:
+            raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
+        self.train, self.val = _train_and_validation(spec, config, data_dir)
+        self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + config.length)
+        self.prompt = torch.nn.Parameter(
+            initial_vectors(lm, config.length, config.init, config.init_text, config.seed).to(next(lm.model.parameters()).device)
+        )
+        self.optimizer = torch.optim.AdamW([self.prompt], lr=config.lr, weight_decay=0.0)
+        self.engine = Engine(lm, batch_size=16, soft_prompt=self.prompt)
+
+    def batch(self, step: int) -> list[Example]:
+        rng = random.Random(self.config.seed * 1_000_003 + step)
+        return rng.sample(self.train, min(self.config.batch_size, len(self.train)))
+
+    def loss(self, examples: list[Example]) -> torch.Tensor:
+        """Mean cross-entropy over the target tokens of a batch."""
+        prompts = [self.builder.generation(e).ids for e in examples]
+        targets = [self.lm.encode(tuning_target(self.spec, e)) for e in examples]
+        embeds, mask, positions = self.engine.inputs([p + t for p, t in zip(prompts, targets)])
+        hidden = self.engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
+        width = hidden.shape[1]
+        # the state at position i predicts token i + 1: for a target of n tokens at the right
+        # edge, the predictors are the n positions just before the last one
+        rows = torch.cat([torch.full((len(t),), r) for r, t in enumerate(targets)])
+        cols = torch.cat([torch.arange(width - len(t) - 1, width - 1) for t in targets])
+        logits = self.engine.logits(hidden[rows, cols])
+        gold = torch.tensor([tok for t in targets for tok in t], device=logits.device)
+        return torch.nn.functional.cross_entropy(logits, gold)
+
+    def step(self, step: int) -> float:
+        loss = self.loss(self.batch(step))
+        if not torch.isfinite(loss):
+            raise SoftevalError(f"loss became {loss.item()} at step {step}; lower --lr or check the task's targets")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([self.prompt], self.config.max_grad_norm)
+        self.optimizer.step()
+        return loss.item()
+
+    def validate(self) -> dict:
+        engine = Engine(self.lm, batch_size=16, soft_prompt=self.prompt.detach())
+        with torch.no_grad():
+            samples, _ = run_examples(self.spec, self.val, self.builder, engine, "validate", progress=False)
+            val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
+        metrics = aggregate(samples, n_resamples=200)
+        return {"val_loss": val_loss, **{m: metrics[m].value for m in CURVE_METRICS}}
+
+    # --- checkpoints: safetensors only, never pickles --------------------------------------------
+
+    def save_checkpoint(self, path: Path, step: int, curve: list[dict]) -> None:
+        state = self.optimizer.state.get(self.prompt, {})
+        tensors = {"soft_prompt": self.prompt.detach().cpu().contiguous()}
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                tensors[key] = state[key].detach().cpu().contiguous()
+        meta = {"step": str(step), "curve": json.dumps(curve), "config": self.config.model_dump_json()}
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(path)
+
+    def load_checkpoint(self, path: Path) -> tuple[int, list[dict]]:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            saved = TuneConfig.model_validate_json(meta["config"])
+            if saved != self.config:
+                raise SoftevalError(f"checkpoint {path} was written with other settings; resume with the same flags")
+            step = int(meta["step"])
+            with torch.no_grad():
+                self.prompt.copy_(f.get_tensor("soft_prompt"))
+            if "exp_avg" in f.keys():
+                self.optimizer.state[self.prompt] = {
+                    "step": torch.tensor(float(step)),
+                    "exp_avg": f.get_tensor("exp_avg"),
+                    "exp_avg_sq": f.get_tensor("exp_avg_sq"),
+                }
+        return step, json.loads(meta["curve"])
+
+
+def tune(
+    lm: LoadedModel,
+    spec: TaskSpec,
+    config: TuneConfig | None = None,
+    *,
+    output: str | Path,
+    data_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Tune a soft prompt; writes soft_prompt.safetensors, curve.json, curve.png into `output`."""
+    config = config or TuneConfig()
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    tuner = Tuner(lm, spec, config, data_dir)
+    checkpoint = output / "checkpoint.safetensors"
+    start, curve = 0, []
+    if resume:
+        if not checkpoint.exists():
+            raise SoftevalError(f"nothing to resume: {checkpoint} not found")
+        start, curve = tuner.load_checkpoint(checkpoint)
+    started = time.perf_counter()
+    losses: list[float] = []
+    with progress_bar(f"{lm.name} {spec.name}: tune", config.steps, progress) as advance:
+        advance(start)
+        for step in range(start, config.steps):
+            losses.append(tuner.step(step))
+            done = step + 1
+            if done % config.eval_every == 0 or done == config.steps:
+                curve.append({"step": done, "train_loss": sum(losses) / len(losses), **tuner.validate()})
+                losses = []
+                tuner.save_checkpoint(checkpoint, done, curve)
+            advance(1)
+    summary = {
+        "model": lm.identity,
+        "task": spec.name,
+        "config": config.model_dump(),
+        "steps": config.steps,
+        "final": curve[-1] if curve else {},
+        "tuning_seconds": round(time.perf_counter() - started, 2),
+    }
+    save_soft_prompt(output / "soft_prompt.safetensors", tuner.prompt, summary)
+    write_json_atomic(output / "curve.json", curve)
+    plot_curve(curve, output / "curve.png", title=f"{lm.name} / {spec.name}")
+    return summary
+
+
+def plot_curve(curve: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [p["step"] for p in curve]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key in ("train_loss", "val_loss"):
+        left.plot(steps, [p[key] for p in curve], marker="o", label=key)
+    left.set(xlabel="step", ylabel="loss", title="loss")
+    left.legend()
+    for key in CURVE_METRICS:
+        values = [p[key] if p[key] is not None else math.nan for p in curve]
+        right.plot(steps, values, marker="o", label=key)
+    right.set(xlabel="step", ylabel="share of validation examples", ylim=(0, 1), title="validation metrics")
+    right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple[list[Example], list[Example]]:
+    """Training pool and a fixed validation slice: the task's validation split where it has one,
+    otherwise a seeded slice held out of the tuning split."""
+    train = load_examples(spec, spec.dataset.tune_split, data_dir)
+    if spec.dataset.validation_split and spec.dataset.validation_split != spec.dataset.tune_split:
+        val = load_examples(spec, spec.dataset.validation_split, data_dir, limit=config.val_size, seed=config.seed)
+        return train, val
+    held = set(random.Random(config.seed).sample(range(len(train)), min(config.val_size, len(train) // 5)))
+    return [e for i, e in enumerate(train) if i not in held], [e for i, e in enumerate(train) if i in held]
