@@ -34,7 +34,7 @@ def tokenizer_dirs() -> dict[str, Path]:
     return {"llama": prepare_alias("smollm2-135m-instruct"), "gemma3": prepare_alias("gemma-3-270m")}
 
 
-def _tiny_config(arch: str, vocab_size: int, tokenizer):
+def _tiny_config(arch: str, vocab_size: int, tokenizer, window: int = 32):
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -53,17 +53,20 @@ def _tiny_config(arch: str, vocab_size: int, tokenizer):
     if arch == "llama":
         return LlamaConfig(**common)
     # a short sliding window, so the mixed sliding/full attention layers are exercised
-    return Gemma3TextConfig(**common, head_dim=16, sliding_window=32, query_pre_attn_scalar=16)
+    return Gemma3TextConfig(
+        **common, head_dim=16, sliding_window=window, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tokenizer_dirs, tmp_path_factory) -> dict[str, Path]:
-    """Randomly initialised llama and gemma3 models saved as local folders with real tokenizers."""
+    """Randomly initialised llama and gemma3 models saved as local folders with real tokenizers.
+    "gemma3" has a 32-token sliding window that test prompts outgrow; "gemma3-wide" one they do not."""
     dirs = {}
-    for arch, source in tokenizer_dirs.items():
-        tokenizer = AutoTokenizer.from_pretrained(source)
+    for arch, source, window in [("llama", "llama", 0), ("gemma3", "gemma3", 32), ("gemma3-wide", "gemma3", 256)]:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs[source])
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(_tiny_config(arch, len(tokenizer), tokenizer))
+        model = AutoModelForCausalLM.from_config(_tiny_config(source, len(tokenizer), tokenizer, window))
         folder = tmp_path_factory.mktemp(f"tiny-{arch}")
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -71,7 +74,7 @@ def tiny_model_dirs(tokenizer_dirs, tmp_path_factory) -> dict[str, Path]:
     return dirs
 
 
-@pytest.fixture(scope="session", params=["llama", "gemma3"])
+@pytest.fixture(scope="session", params=["llama", "gemma3", "gemma3-wide"])
 def tiny_lm(request, tiny_model_dirs):
     return load_model(str(tiny_model_dirs[request.param]), device="cpu")
 

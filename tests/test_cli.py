@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
+from test_tasks import ROWS, write_user_task
 from typer.testing import CliRunner
 
 from softeval.cli import app
 from softeval.errors import SoftevalError
-from test_tasks import ROWS, write_user_task
 
 runner = CliRunner()
 
@@ -37,7 +37,7 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
             assert (s["strict_answer"] is None) == (s["strict_failure"] is not None)
         ff = sum(s["format_ok"] for s in samples) / len(samples)
         assert results["metrics"]["format_following"]["value"] == round(ff, 6)
-    assert (out / "summary.md").exists()
+    assert "| capitals |" not in (out / "comparison.md").read_text() and "## capitals" in (out / "comparison.md").read_text()
 
 
 def test_unknown_task_fails_before_anything_is_written(tmp_path, tiny_model_dirs):
@@ -87,7 +87,7 @@ def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs):
     assert tuned.exit_code == 0, tuned.output
     assert {"soft_prompt.safetensors", "curve.json", "curve.png", "checkpoint.safetensors"} <= {p.name for p in (tmp_path / "tuned").iterdir()}
     curve = json.loads((tmp_path / "tuned" / "curve.json").read_text())
-    assert [p["step"] for p in curve] == [2, 4] and {"train_loss", "val_loss", "format_following", "knowledge"} <= set(curve[0])
+    assert [p["step"] for p in curve] == [0, 2, 4] and {"train_loss", "val_loss", "format_following", "knowledge"} <= set(curve[0])
     out = tmp_path / "out"
     result = run("eval", "--model", model, "--task", task, "--method", "soft-prompt", "--prompt", tmp_path / "tuned", "--output", out)
     assert result.exit_code == 0, result.output
@@ -99,3 +99,36 @@ def test_soft_prompt_method_without_a_prompt(tmp_path, tiny_model_dirs):
     task = write_user_task(tmp_path, ROWS)
     result = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--method", "soft-prompt", "--output", tmp_path / "o")
     assert "needs a tuned prompt" in str(result.exception)
+
+
+def test_run_tunes_evaluates_and_compares(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    out = tmp_path / "report"
+    args = ["run", "--model", tiny_model_dirs["llama"], "--task", task, "--methods", "zero-shot,soft-prompt", "--chat",
+            "--steps", 2, "--eval-every", 1, "--val-size", 4, "--length", 2, "--output", out]
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    name = tiny_model_dirs["llama"].name
+    cells = json.loads((out / "comparison.json").read_text())["cells"]
+    # a post-trained model runs with and without its chat template
+    assert {(c["method"], c["chat"]) for c in cells} == {("zero-shot", False), ("soft-prompt", False), ("zero-shot", True), ("soft-prompt", True)}
+    for folder in ("prompt", "prompt-chat"):
+        assert (out / name / "capitals" / folder / "curve.png").exists()
+    report = (out / "comparison.md").read_text()
+    assert "## capitals" in report and "prompt-chat/curve.png" in report
+    stamp = (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns
+    assert run(*args).exit_code == 0  # a second run reuses the tuned prompts
+    assert (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_tune_sweep_records_every_trial(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    out = tmp_path / "tuned"
+    result = run("tune", "--model", tiny_model_dirs["llama"], "--task", task, "--steps", 2, "--eval-every", 2, "--val-size", 4,
+                 "--length", 2, "--sweep", "--sweep-steps", 1, "--export-peft", tmp_path / "adapter", "--output", out)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "sweep.json").read_text())
+    assert len(record["trials"]) == 6 and {t["init"] for t in record["trials"]} == {"vocab", "text"}
+    chosen = json.loads((out / "curve.json").read_text())
+    assert chosen[-1]["step"] == 2
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from softeval.engine import Engine
@@ -13,6 +14,11 @@ TEXTS = [
     "Q: 2 + 2 =",
     "A much longer prompt that goes on for a while, so that the batch needs left padding to line up. Answer:",
 ]
+
+
+# prompts that start alike exercise the engine's shared-prefix path
+SHARED = "Answer each of the following questions as briefly and as accurately as you can.\n\n"
+PREFIXES = pytest.mark.parametrize("prefix", ["", SHARED], ids=["distinct", "shared-prefix"])
 
 
 def _prompt_ids(lm, text):
@@ -29,9 +35,10 @@ def _reference_greedy(lm, ids, n):
     return seq[len(ids) :]
 
 
-def test_generation_matches_uncached_reference(tiny_lm):
+@PREFIXES
+def test_generation_matches_uncached_reference(tiny_lm, prefix):
     engine = Engine(tiny_lm, batch_size=4)
-    prompts = [_prompt_ids(tiny_lm, t) for t in TEXTS]
+    prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     with torch.no_grad():
         expected = [_reference_greedy(tiny_lm, p, 6) for p in prompts]
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=6)
@@ -41,8 +48,9 @@ def test_generation_matches_uncached_reference(tiny_lm):
         assert completion.text == tiny_lm.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def test_generation_is_independent_of_batch(tiny_lm):
-    prompts = [_prompt_ids(tiny_lm, t) for t in TEXTS]
+@PREFIXES
+def test_generation_is_independent_of_batch(tiny_lm, prefix):
+    prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     together = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\n"], max_new_tokens=8)
     alone = Engine(tiny_lm, batch_size=1).generate(prompts, stop=["\n"], max_new_tokens=8)
     assert [c.text for c in together] == [c.text for c in alone]
@@ -66,10 +74,11 @@ def _reference_loglikelihood(lm, context, continuation):
     return sum(float(logprobs[len(context) - 1 + j, t]) for j, t in enumerate(continuation))
 
 
-def test_loglikelihood_matches_full_forward(tiny_lm):
+@PREFIXES
+def test_loglikelihood_matches_full_forward(tiny_lm, prefix):
     clozes = [
-        Cloze(_prompt_ids(tiny_lm, TEXTS[0]), [tiny_lm.encode(" carbon dioxide"), tiny_lm.encode(" oxygen"), tiny_lm.encode(" x")]),
-        Cloze(_prompt_ids(tiny_lm, TEXTS[3]), [tiny_lm.encode(" yes"), tiny_lm.encode(" no, not at all really")]),
+        Cloze(_prompt_ids(tiny_lm, prefix + TEXTS[0]), [tiny_lm.encode(" carbon dioxide"), tiny_lm.encode(" oxygen"), tiny_lm.encode(" x")]),
+        Cloze(_prompt_ids(tiny_lm, prefix + TEXTS[3]), [tiny_lm.encode(" yes"), tiny_lm.encode(" no, not at all really")]),
     ]
     got = Engine(tiny_lm, batch_size=2, logits_chunk=3).loglikelihood(clozes)
     with torch.no_grad():

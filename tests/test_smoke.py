@@ -34,3 +34,15 @@ def test_smollm2_arc_easy_zero_shot_chat(smollm2, mirror):
     m = result.metrics
     assert m["task_accuracy"].value <= m["format_following"].value
     assert 0.0 <= m["knowledge"].value <= 1.0
+
+
+def test_smollm2_soft_prompt_is_independent_of_batch(smollm2, mirror):
+    from softeval.softprompt import initial_vectors
+
+    spec = load_task("arc_easy")
+    soft = initial_vectors(smollm2, 10, "vocab", seed=0)
+    batched = evaluate(smollm2, spec, "soft-prompt", soft_prompt=soft, limit=12, data_dir=mirror, batch_size=12, progress=False)
+    single = evaluate(smollm2, spec, "soft-prompt", soft_prompt=soft, limit=12, data_dir=mirror, batch_size=1, progress=False)
+    assert [s["completion"] for s in batched.samples] == [s["completion"] for s in single.samples]
+    for a, b in zip(batched.samples, single.samples):
+        assert a["option_loglikelihoods"] == pytest.approx(b["option_loglikelihoods"], abs=1e-3)

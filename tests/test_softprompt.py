@@ -5,22 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors import safe_open
+from test_engine import SHARED, TEXTS, _prompt_ids
+from test_tasks import ROWS, write_user_task
 
 from softeval import SoftevalError, load_task
 from softeval.engine import Engine
 from softeval.prompts import Cloze
 from softeval.softprompt import initial_vectors, load_soft_prompt, save_soft_prompt
-from softeval.tune import Tuner, TuneConfig, tune
-from test_engine import TEXTS, _prompt_ids
-from test_tasks import ROWS, write_user_task
+from softeval.tune import TuneConfig, Tuner, tune
 
 
 def _soft(lm, length=4, seed=0):
     return initial_vectors(lm, length, "vocab", seed=seed)
 
 
-def test_generation_with_soft_prompt_is_independent_of_batch(tiny_lm):
-    prompts = [_prompt_ids(tiny_lm, t) for t in TEXTS]
+@pytest.mark.parametrize("prefix", ["", SHARED])
+def test_generation_with_soft_prompt_is_independent_of_batch(tiny_lm, prefix):
+    prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     soft = _soft(tiny_lm)
     together = Engine(tiny_lm, batch_size=4, soft_prompt=soft).generate(prompts, stop=["\n"], max_new_tokens=8)
     alone = Engine(tiny_lm, batch_size=1, soft_prompt=soft).generate(prompts, stop=["\n"], max_new_tokens=8)
@@ -118,3 +119,24 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setattr(Tuner, "loss", lambda self, batch: torch.tensor(float("nan"), requires_grad=True))
     with pytest.raises(SoftevalError, match="loss became nan at step 0; lower --lr"):
         tune(tiny_llama, spec, TuneConfig(steps=2, length=4), output=tmp_path / "nan", progress=False)
+
+
+def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
+    from peft import PeftModel
+
+    from softeval import load_model
+    from softeval.export import export_peft
+
+    soft = _soft(tiny_lm, length=5, seed=2)
+    export_peft(soft, tiny_lm, tmp_path / "adapter")
+    arch = next(a for a, folder in tiny_model_dirs.items() if tiny_lm.identity["folder"] == str(folder.resolve()))
+    fresh = load_model(str(tiny_model_dirs[arch]), device="cpu")
+    peft_model = PeftModel.from_pretrained(fresh.model, tmp_path / "adapter")
+    ids = tiny_lm.encode(TEXTS[0])  # PEFT input: the text without BOS
+    with torch.no_grad():
+        theirs = peft_model(input_ids=torch.tensor([ids])).logits[0, -len(ids) :]
+        engine = Engine(tiny_lm, soft_prompt=soft)
+        embeds, mask, positions = engine.inputs([_prompt_ids(tiny_lm, TEXTS[0])])
+        hidden = engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
+        ours = engine.logits(hidden)[0, -len(ids) :]
+    assert torch.allclose(theirs, ours, atol=1e-4)

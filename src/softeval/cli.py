@@ -13,12 +13,14 @@ from rich.table import Table
 from softeval.data import split_sizes
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, evaluate
+from softeval.export import export_peft
 from softeval.models import ALIASES, cache_root, cached_models, load_model, prepare_alias
 from softeval.progress import console, stdout
+from softeval.report import cell_label, metrics_table, write_comparison
 from softeval.softprompt import load_soft_prompt
-from softeval.tune import TuneConfig, tune
-from softeval.report import cell_label, metrics_table, write_summary
+from softeval.study import run_study
 from softeval.task import builtin_tasks, load_task
+from softeval.tune import TuneConfig, sweep, tune
 
 app = typer.Typer(help="Fair LLM benchmark evaluation: format-following apart from knowledge.", no_args_is_help=True)
 models_app = typer.Typer(help="List and prepare models.", invoke_without_command=True)
@@ -73,8 +75,41 @@ def eval_command(
                 folder = result.save(output / lm.name / spec.name / cell_label(result.config).replace(" +", "-"))
                 console.print(f"wrote {folder}", highlight=False)
                 results.append(result)
-    write_summary(results, output)
+    write_comparison(results, output)
     stdout.print(metrics_table(results))
+
+
+@app.command("run")
+def run_command(
+    model: Annotated[list[str], typer.Option(help="Alias, local folder, .gguf file or hub id; repeatable.")],
+    task: Annotated[list[str], typer.Option(help="Built-in task name or task YAML path; repeatable.")],
+    output: Annotated[Path, typer.Option(help="Report folder: cells, tuned prompts, curves, comparison.md.")],
+    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = "zero-shot,few-shot,soft-prompt",
+    chat: Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")] = False,
+    k: Annotated[int, typer.Option(help="Demonstrations for few-shot.")] = 5,
+    limit: Annotated[int | None, typer.Option(help="Evaluate a fixed, seeded subset of N rows.")] = None,
+    steps: int = 120,
+    tune_batch_size: int = 8,
+    lr: float = 0.01,
+    length: Annotated[int, typer.Option(help="Soft-prompt vectors (L).")] = 10,
+    eval_every: int = 10,
+    val_size: int = 64,
+    sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick lr and init from a small grid first.")] = False,
+    sweep_steps: int = 40,
+    seed: int = 0,
+    batch_size: int = 16,
+    data_dir: DataDir = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Tune where needed, evaluate every method, and write a comparison report."""
+    config = TuneConfig(steps=steps, batch_size=tune_batch_size, lr=lr, length=length, eval_every=eval_every, val_size=val_size)
+    results = run_study(
+        model, task, [m.strip() for m in methods.split(",") if m.strip()], output=output, chat=chat, k=k, limit=limit,
+        seed=seed, tune_config=config, sweep_grid=sweep_grid, sweep_steps=sweep_steps, data_dir=data_dir,
+        cache_dir=cache_dir, batch_size=batch_size,
+    )
+    stdout.print(metrics_table(results))
+    stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
 
 
 @app.command("tune")
@@ -92,6 +127,9 @@ def tune_command(
     val_size: int = 64,
     chat: Annotated[bool, typer.Option(help="Tune with the chat template applied.")] = False,
     resume: Annotated[bool, typer.Option(help="Continue from OUTPUT/checkpoint.safetensors.")] = False,
+    sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick lr and init from a small grid first.")] = False,
+    sweep_steps: Annotated[int, typer.Option(help="Steps per sweep trial.")] = 40,
+    export_peft_to: Annotated[Path | None, typer.Option("--export-peft", help="Also write a PEFT adapter folder.")] = None,
     seed: int = 0,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
@@ -104,7 +142,16 @@ def tune_command(
         steps=steps, batch_size=batch_size, lr=lr, length=length, init=init, init_text=init_text,
         eval_every=eval_every, val_size=val_size, chat=chat, seed=seed,
     )
-    summary = tune(load_model(model, cache_dir=cache_dir), spec, config, output=output, data_dir=data_dir, resume=resume)
+    lm = load_model(model, cache_dir=cache_dir)
+    if sweep_grid:
+        if resume:
+            raise SoftevalError("--resume and --sweep do not combine; resume the chosen run without --sweep")
+        summary = sweep(lm, spec, config, output=output, data_dir=data_dir, sweep_steps=sweep_steps)
+    else:
+        summary = tune(lm, spec, config, output=output, data_dir=data_dir, resume=resume)
+    if export_peft_to is not None:
+        export_peft(load_soft_prompt(output, lm)[0], lm, export_peft_to)
+        stdout.print(f"wrote PEFT adapter {export_peft_to}", highlight=False)
     final = summary["final"]
     stdout.print(
         f"tuned {steps} steps in {summary['tuning_seconds']} s; validation: "
@@ -123,7 +170,7 @@ def tasks_command(data_dir: DataDir = None) -> None:
     for name in builtin_tasks():
         spec = load_task(name)
         sizes = split_sizes(spec, data_dir)
-        show = lambda split: f"{split} ({sizes[split]})" if sizes.get(split) is not None else split  # noqa: E731
+        show = {split: split if n is None else f"{split} ({n})" for split, n in sizes.items()}.__getitem__
         ds = spec.dataset
         source = f"{ds.path}/{ds.config}" if ds.config else ds.path
         table.add_row(name, spec.answer_format, source, show(ds.eval_split), show(ds.tune_split), show(ds.fewshot_split))

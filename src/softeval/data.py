@@ -104,7 +104,8 @@ def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
 def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | None]:
     """Rows per split where the data is found locally (None where it is not); never touches the hub."""
     ds = spec.dataset
-    splits = dict.fromkeys([ds.eval_split, ds.tune_split, ds.fewshot_split, ds.validation_split] if ds.validation_split else [ds.eval_split, ds.tune_split, ds.fewshot_split])
+    names = [ds.eval_split, ds.tune_split, ds.fewshot_split, ds.validation_split]
+    splits: dict[str, int | None] = dict.fromkeys(n for n in names if n)
     root = resolve_data_dir(data_dir)
     for split in splits:
         if ds.data_files is not None and split in ds.data_files:

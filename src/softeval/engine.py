@@ -18,6 +18,8 @@ from softeval.models import LoadedModel
 from softeval.prompts import Cloze
 
 Advance = Callable[[int], None]
+# below this many shared tokens, encoding the prefix separately saves less than it costs
+MIN_SHARED_PREFIX = 8
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Engine:
         self.batch_size = batch_size
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
+        # Sliding-window attention counts cache slots, not positions: padding in the middle of a
+        # row (the shared-prefix layout) would take window slots once a row outgrows the window.
+        self.window = getattr(lm.model.config, "sliding_window", None)
         softcap = getattr(lm.model.config, "final_logit_softcapping", None)
         self.softcap = float(softcap) if softcap else None
 
@@ -66,9 +71,7 @@ class Engine:
     def _generate_batch(self, prompts: list[list[int]], stop: Sequence[str], max_new_tokens: int) -> list[Completion]:
         tokenizer = self.lm.tokenizer
         eos = set(self.lm.eos_token_ids)
-        embeds, mask, positions = self.inputs(prompts)
-        cache = DynamicCache(config=self.model.config)
-        hidden = self._forward(embeds, mask, positions, cache)[:, -1]
+        hidden, mask, positions, cache = self._prefill(prompts, horizon=max_new_tokens)
         next_tokens = self.logits(hidden).argmax(-1)
         generated: list[list[int]] = [[] for _ in prompts]
         done: list[Completion | None] = [None] * len(prompts)
@@ -117,9 +120,8 @@ class Engine:
         return results  # type: ignore[return-value]
 
     def _loglikelihood_batch(self, clozes: list[Cloze]) -> list[list[float]]:
-        embeds, mask, positions = self.inputs([c.context_ids for c in clozes])
-        cache = DynamicCache(config=self.model.config)
-        context_last = self._forward(embeds, mask, positions, cache)[:, -1]
+        longest_option = max(len(o) for c in clozes for o in c.continuation_ids)
+        context_last, mask, positions, cache = self._prefill([c.context_ids for c in clozes], horizon=longest_option)
 
         owner = [b for b, c in enumerate(clozes) for _ in c.continuation_ids]  # option row -> context row
         continuations = [o for c in clozes for o in c.continuation_ids]
@@ -161,6 +163,40 @@ class Engine:
         """Batches of similar length (longest first, so memory peaks early and predictably)."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+
+    def _prefill(self, sequences: list[list[int]], horizon: int):
+        """Encode a batch into a KV cache; returns the last hidden state of each row, the attention
+        mask, position ids and the cache.
+
+        Tokens every row starts with (BOS, instruction, few-shot demonstrations) are encoded once
+        and their cache copied to each row; each row's own tokens then follow, left-padded in
+        between, with positions continuing from the shared part. `horizon` is how many more tokens
+        the rows will grow by."""
+        cache = DynamicCache(config=self.model.config)
+        shared = _common_prefix_length(sequences) if len(sequences) > 1 else 0
+        shared = min(shared, min(len(s) for s in sequences) - 1)  # every row keeps a token of its own
+        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
+        outgrows_window = self.window is not None and max(map(len, sequences)) + n_soft + horizon > self.window
+        if shared < MIN_SHARED_PREFIX or outgrows_window:
+            embeds, mask, positions = self.inputs(sequences)
+            return self._forward(embeds, mask, positions, cache)[:, -1], mask, positions, cache
+        embeds, prefix_mask, prefix_positions = self.inputs([sequences[0][:shared]])
+        self._forward(embeds, prefix_mask, prefix_positions, cache)
+        cache.reorder_cache(torch.zeros(len(sequences), dtype=torch.long, device=self.device))
+        suffix_ids, suffix_mask, _ = self._left_pad([s[shared:] for s in sequences])
+        mask = torch.cat([prefix_mask.expand(len(sequences), -1), suffix_mask], dim=1)
+        positions = prefix_positions[:, -1:] + suffix_mask.cumsum(-1)
+        hidden = self._forward(self._embed(suffix_ids), mask, positions, cache)[:, -1]
+        return hidden, mask, positions, cache
+
+    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros(len(sequences), width, dtype=torch.long)
+        for r, seq in enumerate(sequences):
+            ids[r, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[r, width - len(seq) :] = 1
+        return ids.to(self.device), mask.to(self.device), (mask.cumsum(-1) - 1).clamp(min=0).to(self.device)
 
     def inputs(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Left-padded input embeddings, attention mask and position ids for a batch.
@@ -213,6 +249,15 @@ class Engine:
             picked = logits.gather(1, targets[s : s + self.logits_chunk, None])[:, 0]
             out.append(picked - torch.logsumexp(logits, dim=-1))
         return torch.cat(out)
+
+
+def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
+    first, n = sequences[0], min(len(s) for s in sequences)
+    for i in range(n):
+        token = first[i]
+        if any(s[i] != token for s in sequences):
+            return i
+    return n
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -15,9 +15,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
 
-from softeval._io import write_json_atomic, write_jsonl_atomic
 import torch
 
+from softeval._io import write_json_atomic, write_jsonl_atomic
 from softeval.data import Example, load_examples, mirror_path, resolve_data_dir
 from softeval.engine import Engine
 from softeval.errors import SoftevalError

@@ -46,14 +46,21 @@ def metrics_table(results: list, title: str = "softeval results (%, 95% CI)") ->
     return table
 
 
-def write_summary(results: list, folder: Path) -> None:
-    """summary.md (a table to paste) and summary.json (the same numbers, machine-readable)."""
-    header = ["model", "task", "method", "n", *METRICS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
-    note = "\nValues in %, with 95% bootstrap confidence intervals in brackets.\n"
-    write_text_atomic(folder / "summary.md", "\n".join(lines) + "\n" + note)
-    write_json_atomic(
-        folder / "summary.json",
-        [{**r.config, "metrics": {k: m.model_dump() for k, m in r.metrics.items()}} for r in results],
-    )
+def write_comparison(results: list, folder: Path, curves: dict[str, str] | None = None) -> None:
+    """comparison.md (tables per task, links to tuning curves) and comparison.json (the numbers)."""
+    header = ["model", "method", "n", *METRICS]
+    lines = ["# softeval comparison", "", "Values in %, with 95% bootstrap confidence intervals in brackets.", ""]
+    for task in dict.fromkeys(r.config["task"] for r in results):
+        lines += [f"## {task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r, row in zip(results, rows(results)):
+            if r.config["task"] == task:
+                lines.append("| " + " | ".join([row[0], *row[2:]]) + " |")
+        lines.append("")
+    if curves:
+        lines += ["## Tuning curves", ""]
+        lines += [f"### {name}\n\n![{name}]({path})\n" for name, path in curves.items()]
+    write_text_atomic(folder / "comparison.md", "\n".join(lines) + "\n")
+    cells = [
+        {**r.config, "n": len(r.samples), "metrics": {k: m.model_dump() for k, m in r.metrics.items()}} for r in results
+    ]
+    write_json_atomic(folder / "comparison.json", {"cells": cells, "curves": curves or {}})

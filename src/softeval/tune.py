@@ -58,7 +58,10 @@ class Tuner:
         self.train, self.val = _train_and_validation(spec, config, data_dir)
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + config.length)
         self.prompt = torch.nn.Parameter(
-            initial_vectors(lm, config.length, config.init, config.init_text, config.seed).to(next(lm.model.parameters()).device)
+            # text init starts from the task's own instruction unless given other words
+            initial_vectors(lm, config.length, config.init, config.init_text or spec.instruction or spec.description or spec.name, config.seed).to(
+                next(lm.model.parameters()).device
+            )
         )
         self.optimizer = torch.optim.AdamW([self.prompt], lr=config.lr, weight_decay=0.0)
         self.engine = Engine(lm, batch_size=16, soft_prompt=self.prompt)
@@ -152,6 +155,8 @@ def tune(
         if not checkpoint.exists():
             raise SoftevalError(f"nothing to resume: {checkpoint} not found")
         start, curve = tuner.load_checkpoint(checkpoint)
+    if not curve:  # the untuned starting point, so the curve shows what tuning changed
+        curve.append({"step": 0, "train_loss": None, **tuner.validate()})
     started = time.perf_counter()
     losses: list[float] = []
     with progress_bar(f"{lm.name} {spec.name}: tune", config.steps, progress) as advance:
@@ -178,6 +183,40 @@ def tune(
     return summary
 
 
+SWEEP_LRS = (0.003, 0.01, 0.03)
+SWEEP_INITS: tuple[Init, ...] = ("vocab", "text")
+
+
+def sweep(
+    lm: LoadedModel,
+    spec: TaskSpec,
+    config: TuneConfig | None = None,
+    *,
+    output: str | Path,
+    data_dir: str | Path | None = None,
+    sweep_steps: int = 40,
+    lrs: tuple[float, ...] = SWEEP_LRS,
+    inits: tuple[Init, ...] = SWEEP_INITS,
+    progress: bool = True,
+) -> dict:
+    """Try each (learning rate, init) for `sweep_steps` steps, pick the best on the validation
+    slice (task accuracy, then lower validation loss), tune it for the full run, record all."""
+    config = config or TuneConfig()
+    output = Path(output)
+    trials = []
+    for lr in lrs:
+        for init in inits:
+            trial = config.model_copy(update={"lr": lr, "init": init, "steps": min(sweep_steps, config.steps)})
+            trial = trial.model_copy(update={"eval_every": min(trial.eval_every, trial.steps)})
+            summary = tune(lm, spec, trial, output=output / "sweep" / f"lr{lr:g}-{init}", data_dir=data_dir, progress=progress)
+            trials.append({"lr": lr, "init": init, "steps": trial.steps, "final": summary["final"]})
+    best = max(trials, key=lambda t: ((t["final"].get("task_accuracy") or 0.0), -t["final"]["val_loss"]))
+    chosen = config.model_copy(update={"lr": best["lr"], "init": best["init"]})
+    summary = tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress)
+    write_json_atomic(output / "sweep.json", {"trials": trials, "chosen": {"lr": best["lr"], "init": best["init"]}})
+    return summary | {"sweep": trials}
+
+
 def plot_curve(curve: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -187,7 +226,7 @@ def plot_curve(curve: list[dict], path: Path, title: str) -> None:
     steps = [p["step"] for p in curve]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for key in ("train_loss", "val_loss"):
-        left.plot(steps, [p[key] for p in curve], marker="o", label=key)
+        left.plot(steps, [math.nan if p[key] is None else p[key] for p in curve], marker="o", label=key)
     left.set(xlabel="step", ylabel="loss", title="loss")
     left.legend()
     for key in CURVE_METRICS:

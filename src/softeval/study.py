@@ -1,0 +1,95 @@
+"""A study: every (model, task, method) cell of a grid, tuning soft prompts where needed, then one
+comparison report.
+
+    OUTPUT/<model>/<task>/prompt[-chat]/     soft prompt, curve.json, curve.png (tuned once, reused)
+    OUTPUT/<model>/<task>/<method>[-chat]/   results.json, samples.jsonl
+    OUTPUT/comparison.md, comparison.json    every cell side by side
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from softeval.errors import SoftevalError
+from softeval.evaluate import METHODS, EvalResult, evaluate
+from softeval.models import load_model
+from softeval.report import write_comparison
+from softeval.softprompt import load_soft_prompt
+from softeval.task import load_task
+from softeval.tune import TuneConfig, sweep, tune
+
+log = logging.getLogger("softeval")
+
+
+def run_study(
+    models: list[str],
+    tasks: list[str],
+    methods: list[str],
+    *,
+    output: str | Path,
+    chat: bool = False,
+    k: int = 5,
+    limit: int | None = None,
+    seed: int = 0,
+    tune_config: TuneConfig | None = None,
+    sweep_grid: bool = False,
+    sweep_steps: int = 40,
+    data_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> list[EvalResult]:
+    """Evaluate every cell; with `chat`, post-trained models are also run with their chat template."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SoftevalError(f"unknown method '{unknown[0]}'; choose from: {', '.join(METHODS)}")
+    output = Path(output)
+    specs = [load_task(t) for t in tasks]  # fail on a bad task before loading any model
+    results: list[EvalResult] = []
+    curves: dict[str, str] = {}
+    for model in models:
+        lm = load_model(model, cache_dir=cache_dir)
+        chat_modes = [False, True] if chat and lm.post_trained else [False]
+        if chat and not lm.post_trained:
+            log.warning("%s has no chat template: run without --chat", lm.name)
+        for spec in specs:
+            for use_chat in chat_modes:
+                suffix = "-chat" if use_chat else ""
+                soft = None
+                if "soft-prompt" in methods:
+                    config = (tune_config or TuneConfig()).model_copy(update={"chat": use_chat, "seed": seed})
+                    folder = output / lm.name / spec.name / f"prompt{suffix}"
+                    soft = _tuned_prompt(lm, spec, config, folder, data_dir, sweep_grid, sweep_steps, progress)
+                    curves[f"{lm.name} / {spec.name}{suffix}"] = str((folder / "curve.png").relative_to(output))
+                for method in methods:
+                    result = evaluate(
+                        lm, spec, method, chat=use_chat, k=k, soft_prompt=soft if method == "soft-prompt" else None,
+                        limit=limit, seed=seed, data_dir=data_dir, batch_size=batch_size, progress=progress,
+                    )
+                    result.save(output / lm.name / spec.name / f"{method}{suffix}")
+                    results.append(result)
+        write_comparison(results, output, curves)  # after each model: a crash loses no finished cell
+    return results
+
+
+def _tuned_prompt(lm, spec, config: TuneConfig, folder: Path, data_dir, sweep_grid: bool, sweep_steps: int, progress: bool):
+    """The soft prompt for this cell: reused when a finished one with the same settings exists."""
+    path = folder / "soft_prompt.safetensors"
+    if path.exists():
+        vectors, meta = load_soft_prompt(path, lm)
+        saved = TuneConfig.model_validate(meta.get("config", {}))
+        if _same_run(saved, config, sweep_grid):
+            log.info("reusing %s", path)
+            return vectors
+    if sweep_grid:
+        sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
+    else:
+        tune(lm, spec, config, output=folder, data_dir=data_dir, progress=progress)
+    return load_soft_prompt(path, lm)[0]
+
+
+def _same_run(saved: TuneConfig, wanted: TuneConfig, sweep_grid: bool) -> bool:
+    # a sweep chooses lr and init itself, so those are not compared
+    ignore = {"lr", "init"} if sweep_grid else set()
+    return saved.model_dump(exclude=ignore) == wanted.model_dump(exclude=ignore)
