@@ -17,7 +17,7 @@ import torch
 
 from softeval import load_examples, load_model, load_task
 from softeval.prompts import tuning_target
-from softeval.tune import Tuner, TuneConfig
+from softeval.tune import TuneConfig, Tuner
 
 
 def peft_step_fn(lm, sequences: list[list[int]], target_lengths: list[int], length: int, lr: float):

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig, LlamaConfig
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Gemma3TextConfig,
+    LlamaConfig,
+)
 
 from softeval.models import load_model, prepare_alias
 

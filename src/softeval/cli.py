@@ -14,7 +14,13 @@ from softeval.data import split_sizes
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, evaluate
 from softeval.export import export_peft
-from softeval.models import ALIASES, cache_root, cached_models, load_model, prepare_alias
+from softeval.models import (
+    ALIASES,
+    cache_root,
+    cached_models,
+    load_model,
+    prepare_alias,
+)
 from softeval.progress import console, stdout
 from softeval.report import cell_label, metrics_table, write_comparison
 from softeval.softprompt import load_soft_prompt

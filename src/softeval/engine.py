@@ -8,6 +8,7 @@ otherwise dominate small models.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ MIN_SHARED_PREFIX = 8
 @dataclass
 class Completion:
     text: str  # cut before the first stop string
-    n_tokens: int
+    tokens: list[int]  # every generated token, the stop string's included (EOS excluded)
     stop_reason: str  # "stop", "eos" or "length"
 
 
@@ -81,15 +82,15 @@ class Engine:
             for slot, i in enumerate(rows):
                 token = int(next_tokens[slot])
                 if token in eos:
-                    done[i] = Completion(tokenizer.decode(generated[i], skip_special_tokens=True), len(generated[i]), "eos")
+                    done[i] = Completion(tokenizer.decode(generated[i], skip_special_tokens=True), generated[i], "eos")
                     continue
                 generated[i].append(token)
                 text = tokenizer.decode(generated[i], skip_special_tokens=True)
                 cut = _first_stop(text, stop)
                 if cut is not None:
-                    done[i] = Completion(text[:cut], len(generated[i]), "stop")
+                    done[i] = Completion(text[:cut], generated[i], "stop")
                 elif step == max_new_tokens - 1:
-                    done[i] = Completion(text, len(generated[i]), "length")
+                    done[i] = Completion(text, generated[i], "length")
                 else:
                     keep.append(slot)
             if not keep:
@@ -125,26 +126,34 @@ class Engine:
 
         owner = [b for b, c in enumerate(clozes) for _ in c.continuation_ids]  # option row -> context row
         continuations = [o for c in clozes for o in c.continuation_ids]
-        longest = max(len(o) for o in continuations)
         # Every option token is predicted by the hidden state before it: the context's last state
         # for the first token, the option's own states (inputs: all but its last token) after that.
         first = context_last[owner]
-        if longest > 1:
-            index = torch.tensor(owner, device=self.device)
-            cache.reorder_cache(index)  # one copy of the context's cache per option
-            inputs = torch.zeros(len(continuations), longest - 1, dtype=torch.long, device=self.device)
+        # Options run in groups of similar length, so short options are not padded to the longest;
+        # each group gets its own copy of the rows of the context cache it needs.
+        own_states: dict[int, torch.Tensor] = {}
+        by_length = sorted((r for r, o in enumerate(continuations) if len(o) > 1), key=lambda r: len(continuations[r]))
+        for start in range(0, len(by_length), self.batch_size):
+            group = by_length[start : start + self.batch_size]
+            width = max(len(continuations[r]) for r in group) - 1
+            index = torch.tensor([owner[r] for r in group], device=self.device)
+            inputs = torch.zeros(len(group), width, dtype=torch.long)
             option_mask = torch.zeros_like(inputs)
-            for r, option in enumerate(continuations):
-                inputs[r, : len(option) - 1] = torch.tensor(option[:-1])
-                option_mask[r, : len(option) - 1] = 1
+            for k, r in enumerate(group):
+                option = continuations[r]
+                inputs[k, : len(option) - 1] = torch.tensor(option[:-1])
+                option_mask[k, : len(option) - 1] = 1
+            inputs, option_mask = inputs.to(self.device), option_mask.to(self.device)
             full_mask = torch.cat([mask[index], option_mask], dim=1)
-            option_positions = positions[index, -1:] + 1 + torch.arange(longest - 1, device=self.device)
-            hidden = self._forward(self._embed(inputs), full_mask, option_positions, cache)
+            option_positions = positions[index, -1:] + 1 + torch.arange(width, device=self.device)
+            hidden = self._forward(self._embed(inputs), full_mask, option_positions, _select_rows(cache, index))
+            for k, r in enumerate(group):
+                own_states[r] = hidden[k, : len(continuations[r]) - 1]
         rows, targets = [], []
         for r, option in enumerate(continuations):
             rows.append(first[r : r + 1])
-            if len(option) > 1:
-                rows.append(hidden[r, : len(option) - 1])
+            if r in own_states:
+                rows.append(own_states[r])
             targets.extend(option)
         scores = self._token_logprobs(torch.cat(rows), torch.tensor(targets, device=self.device))
         per_option, start = [], 0
@@ -249,6 +258,17 @@ class Engine:
             picked = logits.gather(1, targets[s : s + self.logits_chunk, None])[:, 0]
             out.append(picked - torch.logsumexp(logits, dim=-1))
         return torch.cat(out)
+
+
+def _select_rows(cache: DynamicCache, index: torch.Tensor) -> DynamicCache:
+    """A new cache holding the given batch rows of `cache` (repeats allowed); `cache` is unchanged."""
+    selected = copy.copy(cache)
+    selected.layers = []
+    for layer in cache.layers:
+        layer = copy.copy(layer)
+        layer.keys, layer.values = layer.keys[index], layer.values[index]
+        selected.layers.append(layer)
+    return selected
 
 
 def _common_prefix_length(sequences: Sequence[list[int]]) -> int:

@@ -1,0 +1,253 @@
+"""Evaluation throughput: softeval against lm-evaluation-harness (HF backend) on the same work.
+
+In one invocation, for each model and on the same rows of the benchmark mirror:
+
+1. multiple-choice loglikelihood (cloze, acc_norm) on ARC-Easy;
+2. greedy generation of the same prompt texts on GSM8K (256 new tokens at most) and ARC-Easy
+   (letter answers), stopping at each task's stop strings.
+
+It prints wall time for each side and the ratio, checks that the sides agree (identical generations
+on >= 99% of rows, every difference at a near-tie: top-2 logit gap under 1e-3 at the first differing
+token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuning step, the achieved
+GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
+
+    python benchmarks/throughput.py --data-dir ../shared/benchmarks [--models ...] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from softeval import load_examples, load_model, load_task  # noqa: E402
+from softeval.engine import Engine  # noqa: E402
+from softeval.metrics import score_sample  # noqa: E402
+from softeval.models import prepare_alias  # noqa: E402
+from softeval.parsers import parser_for  # noqa: E402
+from softeval.prompts import PromptBuilder, tuning_target  # noqa: E402
+from softeval.tune import TuneConfig, Tuner  # noqa: E402
+
+MC_TASK = """\
+task: bench_mc
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{choices.label.index(answerKey)}}}}"
+doc_to_choice: "{{{{choices.text}}}}"
+metric_list: [{{metric: acc_norm}}]
+"""
+
+GEN_TASK = """\
+task: {name}
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{target}}}}"
+target_delimiter: ""
+generation_kwargs: {{until: {until}, max_gen_toks: {max_new}, do_sample: false}}
+metric_list: [{{metric: exact_match}}]
+"""
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class FlopCounter:
+    """FLOPs from parameter counts: 2 * body parameters per token through the transformer, and
+    2 * vocab * hidden per position where vocabulary logits are computed."""
+
+    def __init__(self, lm):
+        vocab, hidden = lm.model.get_input_embeddings().weight.shape
+        self.head = vocab * hidden
+        self.body = lm.identity["n_parameters"] - self.head  # tied embeddings counted once
+
+    def forward(self, tokens: int, logit_rows: int) -> float:
+        return 2 * self.body * tokens + 2 * self.head * logit_rows
+
+
+def lm_eval_model(folder: Path, batch_size: int):
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(folder), dtype="float32", batch_size=batch_size, device="cpu")
+
+
+def run_lm_eval(model, task_yaml: str, name: str, log_samples: bool = False):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / f"{name}.yaml").write_text(task_yaml)
+        start = time.perf_counter()
+        out = lm_eval.simple_evaluate(model=model, tasks=[name], task_manager=TaskManager(include_path=tmp), log_samples=log_samples)
+        return out, time.perf_counter() - start
+
+
+def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float) -> dict:
+    spec = load_task("arc_easy")
+    examples = load_examples(spec, "test", data_dir)[:rows]
+    start = time.perf_counter()
+    builder = PromptBuilder(spec, lm)
+    clozes = [builder.cloze(e) for e in examples]
+    scores = Engine(lm, batch_size=batch_size).loglikelihood(clozes)
+    ours_s = time.perf_counter() - start
+    parser = parser_for(spec.answer_format)
+    ours_acc = sum(score_sample(parser, e, "", s)["knowledge_correct"] for e, s in zip(examples, scores)) / len(examples)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "rows.jsonl"
+        lines = (data_dir / "allenai/ai2_arc/ARC-Easy/test.jsonl").read_text().splitlines()[:rows]
+        data.write_text("\n".join(lines) + "\n")
+        out, theirs_s = run_lm_eval(hflm, MC_TASK.format(data=data), "bench_mc")
+    theirs_acc = out["results"]["bench_mc"]["acc_norm,none"]
+
+    tokens = sum(len(c.context_ids) + sum(len(o) for o in c.continuation_ids) for c in clozes)
+    logit_rows = sum(len(o) for c in clozes for o in c.continuation_ids)
+    gflops = flops.forward(tokens, logit_rows) / ours_s / 1e9
+    return {
+        "mode": "mc-loglikelihood arc_easy",
+        "rows": rows,
+        "softeval_s": ours_s,
+        "lm_eval_s": theirs_s,
+        "speedup": theirs_s / ours_s,
+        "agreement": f"acc_norm {100 * ours_acc:.2f} vs {100 * theirs_acc:.2f}",
+        "agree_ok": abs(ours_acc - theirs_acc) * 100 <= 0.5,
+        "gflops": gflops,
+        "peak_share": gflops / peak,
+    }
+
+
+def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float) -> dict:
+    spec = load_task(task)
+    examples = load_examples(spec, spec.dataset.eval_split, data_dir)[:rows]
+    builder = PromptBuilder(spec, lm, reserve=spec.max_new_tokens)
+    prompts = [builder.generation(e) for e in examples]
+    start = time.perf_counter()
+    completions = Engine(lm, batch_size=batch_size).generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
+    ours_s = time.perf_counter() - start
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "rows.jsonl"
+        data.write_text("".join(json.dumps({"prompt": p.text, "target": e.answer}) + "\n" for p, e in zip(prompts, examples)))
+        name = f"bench_gen_{task}"
+        yaml = GEN_TASK.format(name=name, data=data, until=json.dumps(spec.stop), max_new=spec.max_new_tokens)
+        out, theirs_s = run_lm_eval(hflm, yaml, name, log_samples=True)
+    theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
+
+    differ = [i for i, c in enumerate(completions) if c.text != theirs[i]]
+    gaps = [first_difference_gap(lm, prompts[i].ids, completions[i], theirs[i]) for i in differ]
+    same = 1 - len(differ) / len(completions)
+    tokens = sum(len(p.ids) for p in prompts) + sum(len(c.tokens) for c in completions)
+    gflops = flops.forward(tokens, sum(len(c.tokens) + 1 for c in completions)) / ours_s / 1e9
+    return {
+        "mode": f"generation {task}",
+        "rows": rows,
+        "softeval_s": ours_s,
+        "lm_eval_s": theirs_s,
+        "speedup": theirs_s / ours_s,
+        "agreement": f"identical {100 * same:.1f}%, differing rows' top-2 gaps {[round(g, 6) for g in gaps]}",
+        "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps),
+        "gflops": gflops,
+        "peak_share": gflops / peak,
+    }
+
+
+def first_difference_gap(lm, prompt_ids: list[int], ours, theirs_text: str) -> float:
+    """Top-2 logit gap where the two generations part: a near-tie if it is tiny."""
+    common = 0
+    while common < min(len(ours.text), len(theirs_text)) and ours.text[common] == theirs_text[common]:
+        common += 1
+    # the first of our tokens whose text reaches past the common characters
+    j = next((j for j in range(len(ours.tokens) + 1) if len(lm.tokenizer.decode(ours.tokens[:j])) > common), len(ours.tokens))
+    j = max(j - 1, 0)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt_ids + ours.tokens[:j]])).logits[0, -1]
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, flops: FlopCounter, peak: float) -> dict:
+    spec = load_task("arc_easy")
+    tuner = Tuner(lm, spec, TuneConfig(batch_size=batch_size, length=length, val_size=8), data_dir=data_dir)
+    batch = load_examples(spec, spec.dataset.tune_split, data_dir, limit=batch_size, seed=1)
+    tuner.step(0)  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = tuner.loss(batch)
+        tuner.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        tuner.optimizer.step()
+        times.append(time.perf_counter() - start)
+    seconds = sum(times) / len(times)
+    tokens = sum(len(tuner.builder.generation(e).ids) + len(lm.encode(tuning_target(spec, e))) + length for e in batch)
+    targets = sum(len(lm.encode(tuning_target(spec, e))) for e in batch)
+    # forward, then the backward pass through activations only (the weights take no gradients)
+    step_flops = 2 * flops.forward(tokens, targets)
+    gflops = step_flops / seconds / 1e9
+    return {"mode": "tuning step", "rows": batch_size, "softeval_s": seconds, "gflops": gflops, "peak_share": gflops / peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/benchmarks"))
+    parser.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
+    parser.add_argument("--mc-rows", type=int, default=500)
+    parser.add_argument("--gen-rows", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", default="mc,gen,tune")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    parts = set(args.parts.split(","))
+    peak = matmul_peak_gflops()
+    print(f"measured fp32 matmul peak: {peak:.1f} GFLOP/s on {args.threads} threads")
+
+    report = []
+    for name in args.models.split(","):
+        lm = load_model(name, device="cpu", dtype=torch.float32)
+        flops = FlopCounter(lm)
+        hflm = lm_eval_model(prepare_alias(name), args.batch_size) if parts & {"mc", "gen"} else None
+        rows = []
+        if "mc" in parts:
+            rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak))
+        if "gen" in parts:
+            for task in ("gsm8k", "arc_easy"):
+                rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak))
+        if "tune" in parts:
+            rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
+        for row in rows:
+            row["model"] = name
+            line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
+            if "lm_eval_s" in row:
+                line += f" | lm-eval {row['lm_eval_s']:8.2f} s | {row['speedup']:.2f}x | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
+            line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
+            print(line, flush=True)
+        report += rows
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
