@@ -27,6 +27,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from tuning_step import softeval_step_fn  # noqa: E402
 
 from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine  # noqa: E402
@@ -76,8 +77,9 @@ def _timed(fn) -> float:
 
 
 class FlopCounter:
-    """FLOPs from parameter counts: 2 * body parameters per token through the transformer, and
-    2 * vocab * hidden per position where vocabulary logits are computed."""
+    """FLOPs from parameter counts: 2 * body parameters per position run through the transformer,
+    and 2 * vocab * hidden per position where vocabulary logits are computed. Positions are those
+    the engine actually computed (padding included, shared prefixes once)."""
 
     def __init__(self, lm):
         vocab, hidden = lm.model.get_input_embeddings().weight.shape
@@ -111,7 +113,8 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
     start = time.perf_counter()
     builder = PromptBuilder(spec, lm)
     clozes = [builder.cloze(e) for e in examples]
-    scores = Engine(lm, batch_size=batch_size).loglikelihood(clozes)
+    engine = Engine(lm, batch_size=batch_size)
+    scores = engine.loglikelihood(clozes)
     ours_s = time.perf_counter() - start
     parser = parser_for(spec.answer_format)
     ours_acc = sum(score_sample(parser, e, "", s)["knowledge_correct"] for e, s in zip(examples, scores)) / len(examples)
@@ -123,9 +126,7 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
         out, theirs_s = run_lm_eval(hflm, MC_TASK.format(data=data), "bench_mc")
     theirs_acc = out["results"]["bench_mc"]["acc_norm,none"]
 
-    tokens = sum(len(c.context_ids) + sum(len(o) for o in c.continuation_ids) for c in clozes)
-    logit_rows = sum(len(o) for c in clozes for o in c.continuation_ids)
-    gflops = flops.forward(tokens, logit_rows) / ours_s / 1e9
+    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / ours_s / 1e9
     return {
         "mode": "mc-loglikelihood arc_easy",
         "rows": rows,
@@ -145,7 +146,8 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     builder = PromptBuilder(spec, lm, reserve=spec.max_new_tokens)
     prompts = [builder.generation(e) for e in examples]
     start = time.perf_counter()
-    completions = Engine(lm, batch_size=batch_size).generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
+    engine = Engine(lm, batch_size=batch_size)
+    completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
     ours_s = time.perf_counter() - start
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -159,8 +161,7 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     differ = [i for i, c in enumerate(completions) if c.text != theirs[i]]
     gaps = [first_difference_gap(lm, prompts[i].ids, completions[i], theirs[i]) for i in differ]
     same = 1 - len(differ) / len(completions)
-    tokens = sum(len(p.ids) for p in prompts) + sum(len(c.tokens) for c in completions)
-    gflops = flops.forward(tokens, sum(len(c.tokens) + 1 for c in completions)) / ours_s / 1e9
+    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / ours_s / 1e9
     return {
         "mode": f"generation {task}",
         "rows": rows,
@@ -192,20 +193,14 @@ def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, fl
     spec = load_task("arc_easy")
     tuner = Tuner(lm, spec, TuneConfig(batch_size=batch_size, length=length, val_size=8), data_dir=data_dir)
     batch = load_examples(spec, spec.dataset.tune_split, data_dir, limit=batch_size, seed=1)
-    tuner.step(0)  # warm-up
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = tuner.loss(batch)
-        tuner.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        tuner.optimizer.step()
-        times.append(time.perf_counter() - start)
-    seconds = sum(times) / len(times)
-    tokens = sum(len(tuner.builder.generation(e).ids) + len(lm.encode(tuning_target(spec, e))) + length for e in batch)
+    step = softeval_step_fn(tuner, batch)
+    step()  # warm-up
+    seconds = sum(_timed(step) for _ in range(steps)) / steps
+    lengths = [len(tuner.builder.generation(e).ids) + len(lm.encode(tuning_target(spec, e))) for e in batch]
+    positions = len(batch) * (max(lengths) + length)  # the padded batch the step computes
     targets = sum(len(lm.encode(tuning_target(spec, e))) for e in batch)
     # forward, then the backward pass through activations only (the weights take no gradients)
-    step_flops = 2 * flops.forward(tokens, targets)
+    step_flops = 2 * flops.forward(positions, targets)
     gflops = step_flops / seconds / 1e9
     return {"mode": "tuning step", "rows": batch_size, "softeval_s": seconds, "gflops": gflops, "peak_share": gflops / peak}
 
@@ -219,6 +214,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="mc,gen,tune")
+    parser.add_argument("--gen-tasks", default="gsm8k,arc_easy")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     parts = set(args.parts.split(","))
@@ -234,7 +230,7 @@ def main() -> None:
         if "mc" in parts:
             rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak))
         if "gen" in parts:
-            for task in ("gsm8k", "arc_easy"):
+            for task in args.gen_tasks.split(","):
                 rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak))
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))

@@ -20,6 +20,20 @@ from softeval.prompts import tuning_target
 from softeval.tune import TuneConfig, Tuner
 
 
+def softeval_step_fn(tuner: Tuner, batch):
+    """softeval's tuning step on a fixed batch (the same work as `Tuner.step`)."""
+
+    def step() -> float:
+        loss = tuner.loss(batch)
+        tuner.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([tuner.prompt], 1.0)
+        tuner.optimizer.step()
+        return loss.item()
+
+    return step
+
+
 def peft_step_fn(lm, sequences: list[list[int]], target_lengths: list[int], length: int, lr: float):
     """A PEFT PromptTuning step on the same token sequences (left-padded, loss on targets only)."""
     from peft import PromptTuningConfig, TaskType, get_peft_model
@@ -68,15 +82,8 @@ def main() -> None:
         prompts = [tuner.builder.generation(e).ids for e in batch]
         targets = [lm.encode(tuning_target(spec, e)) for e in batch]
 
-        def ours() -> float:
-            loss = tuner.loss(batch)
-            tuner.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([tuner.prompt], 1.0)
-            tuner.optimizer.step()
-            return loss.item()
-
-        theirs, peft_model = peft_step_fn(lm, [p + t for p, t in zip(prompts, targets)], [len(t) for t in targets], args.length, config.lr)
+        ours = softeval_step_fn(tuner, batch)
+        theirs, _ = peft_step_fn(lm, [p + t for p, t in zip(prompts, targets)], [len(t) for t in targets], args.length, config.lr)
         times = {"softeval": [], "peft": []}
         for i in range(args.steps + 2):  # two warm-up rounds, then alternate
             for side, fn in (("softeval", ours), ("peft", theirs)):
@@ -84,7 +91,6 @@ def main() -> None:
                 fn()
                 if i >= 2:
                     times[side].append(time.perf_counter() - start)
-        peft_model.unload() if hasattr(peft_model, "unload") else None
         mean = {k: sum(v) / len(v) for k, v in times.items()}
         tokens = sum(len(p) + len(t) + args.length for p, t in zip(prompts, targets))
         print(

@@ -3,8 +3,12 @@
 from softeval.data import Example, load_examples
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult, evaluate
+from softeval.export import export_peft
 from softeval.models import ALIASES, LoadedModel, load_model, prepare_alias
+from softeval.softprompt import initial_vectors, load_soft_prompt, save_soft_prompt
+from softeval.study import run_study
 from softeval.task import TaskSpec, builtin_tasks, load_task
+from softeval.tune import TuneConfig, sweep, tune
 
 __all__ = [
     "ALIASES",
@@ -14,10 +18,18 @@ __all__ = [
     "LoadedModel",
     "SoftevalError",
     "TaskSpec",
+    "TuneConfig",
     "builtin_tasks",
     "evaluate",
+    "export_peft",
+    "initial_vectors",
     "load_examples",
     "load_model",
+    "load_soft_prompt",
     "load_task",
     "prepare_alias",
+    "run_study",
+    "save_soft_prompt",
+    "sweep",
+    "tune",
 ]

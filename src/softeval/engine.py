@@ -24,6 +24,16 @@ MIN_SHARED_PREFIX = 8
 
 
 @dataclass
+class SharedPrefix:
+    """The KV cache of the tokens all sequences of a call start with, encoded once."""
+
+    length: int  # tokens of the sequences it covers (the soft prompt comes on top)
+    cache: DynamicCache
+    mask: torch.Tensor  # (1, positions)
+    positions: torch.Tensor  # (1, positions)
+
+
+@dataclass
 class Completion:
     text: str  # cut before the first stop string
     tokens: list[int]  # every generated token, the stop string's included (EOS excluded)
@@ -50,6 +60,10 @@ class Engine:
         self.window = getattr(lm.model.config, "sliding_window", None)
         softcap = getattr(lm.model.config, "final_logit_softcapping", None)
         self.softcap = float(softcap) if softcap else None
+        # positions run through the transformer and through the LM head, padding included:
+        # the work actually done, for throughput figures
+        self.positions_computed = 0
+        self.logit_rows_computed = 0
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -63,16 +77,20 @@ class Engine:
     ) -> list[Completion]:
         """Greedy completions, one per prompt, in the prompts' order."""
         results: list[Completion | None] = [None] * len(prompts)
+        prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
         for batch in self._length_buckets([len(p) for p in prompts]):
-            for i, completion in zip(batch, self._generate_batch([prompts[i] for i in batch], stop, max_new_tokens)):
+            rows = [prompts[i] for i in batch]
+            for i, completion in zip(batch, self._generate_batch(rows, prefix, stop, max_new_tokens)):
                 results[i] = completion
             advance(len(batch))
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts: list[list[int]], stop: Sequence[str], max_new_tokens: int) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[list[int]], prefix: SharedPrefix | None, stop: Sequence[str], max_new_tokens: int
+    ) -> list[Completion]:
         tokenizer = self.lm.tokenizer
         eos = set(self.lm.eos_token_ids)
-        hidden, mask, positions, cache = self._prefill(prompts, horizon=max_new_tokens)
+        hidden, mask, positions, cache = self._prefill(prompts, prefix)
         next_tokens = self.logits(hidden).argmax(-1)
         generated: list[list[int]] = [[] for _ in prompts]
         done: list[Completion | None] = [None] * len(prompts)
@@ -114,15 +132,16 @@ class Engine:
 
         Each context is encoded once; its KV cache is then shared by all of its options."""
         results: list[list[float] | None] = [None] * len(clozes)
+        longest_option = max(len(o) for c in clozes for o in c.continuation_ids)
+        prefix = self._encode_prefix([c.context_ids for c in clozes], horizon=longest_option)
         for batch in self._length_buckets([len(c.context_ids) for c in clozes]):
-            for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch])):
+            for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], prefix)):
                 results[i] = scores
             advance(len(batch))
         return results  # type: ignore[return-value]
 
-    def _loglikelihood_batch(self, clozes: list[Cloze]) -> list[list[float]]:
-        longest_option = max(len(o) for c in clozes for o in c.continuation_ids)
-        context_last, mask, positions, cache = self._prefill([c.context_ids for c in clozes], horizon=longest_option)
+    def _loglikelihood_batch(self, clozes: list[Cloze], prefix: SharedPrefix | None) -> list[list[float]]:
+        context_last, mask, positions, cache = self._prefill([c.context_ids for c in clozes], prefix)
 
         owner = [b for b, c in enumerate(clozes) for _ in c.continuation_ids]  # option row -> context row
         continuations = [o for c in clozes for o in c.continuation_ids]
@@ -173,28 +192,37 @@ class Engine:
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
 
-    def _prefill(self, sequences: list[list[int]], horizon: int):
-        """Encode a batch into a KV cache; returns the last hidden state of each row, the attention
-        mask, position ids and the cache.
-
-        Tokens every row starts with (BOS, instruction, few-shot demonstrations) are encoded once
-        and their cache copied to each row; each row's own tokens then follow, left-padded in
-        between, with positions continuing from the shared part. `horizon` is how many more tokens
-        the rows will grow by."""
-        cache = DynamicCache(config=self.model.config)
-        shared = _common_prefix_length(sequences) if len(sequences) > 1 else 0
-        shared = min(shared, min(len(s) for s in sequences) - 1)  # every row keeps a token of its own
+    def _encode_prefix(self, sequences: Sequence[list[int]], horizon: int) -> SharedPrefix | None:
+        """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,
+        few-shot demonstrations); None when too little is shared to pay off. `horizon` is how
+        many tokens the rows will grow by."""
+        if len(sequences) < 2:
+            return None
+        # every row keeps at least one token of its own
+        shared = min(_common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
         n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
         outgrows_window = self.window is not None and max(map(len, sequences)) + n_soft + horizon > self.window
         if shared < MIN_SHARED_PREFIX or outgrows_window:
+            return None
+        embeds, mask, positions = self.inputs([sequences[0][:shared]])
+        cache = DynamicCache(config=self.model.config)
+        self._forward(embeds, mask, positions, cache)
+        return SharedPrefix(shared, cache, mask, positions)
+
+    def _prefill(self, sequences: list[list[int]], prefix: SharedPrefix | None):
+        """Encode a batch into a KV cache; returns the last hidden state of each row, the attention
+        mask, position ids and the cache.
+
+        With a shared prefix, each row starts from a copy of its cache and only the row's own
+        tokens are encoded, left-padded in between, with positions continuing from the prefix."""
+        if prefix is None:
+            cache = DynamicCache(config=self.model.config)
             embeds, mask, positions = self.inputs(sequences)
             return self._forward(embeds, mask, positions, cache)[:, -1], mask, positions, cache
-        embeds, prefix_mask, prefix_positions = self.inputs([sequences[0][:shared]])
-        self._forward(embeds, prefix_mask, prefix_positions, cache)
-        cache.reorder_cache(torch.zeros(len(sequences), dtype=torch.long, device=self.device))
-        suffix_ids, suffix_mask, _ = self._left_pad([s[shared:] for s in sequences])
-        mask = torch.cat([prefix_mask.expand(len(sequences), -1), suffix_mask], dim=1)
-        positions = prefix_positions[:, -1:] + suffix_mask.cumsum(-1)
+        cache = _select_rows(prefix.cache, torch.zeros(len(sequences), dtype=torch.long, device=self.device))
+        suffix_ids, suffix_mask, _ = self._left_pad([s[prefix.length :] for s in sequences])
+        mask = torch.cat([prefix.mask.expand(len(sequences), -1), suffix_mask], dim=1)
+        positions = prefix.positions[:, -1:] + suffix_mask.cumsum(-1)
         hidden = self._forward(self._embed(suffix_ids), mask, positions, cache)[:, -1]
         return hidden, mask, positions, cache
 
@@ -239,12 +267,14 @@ class Engine:
         return self.model.get_input_embeddings()(ids)
 
     def _forward(self, embeds, mask, positions, cache) -> torch.Tensor:
+        self.positions_computed += embeds.shape[0] * embeds.shape[1]
         out = self.decoder(
             inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
         )
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.logit_rows_computed += hidden.numel() // hidden.shape[-1]
         logits = self.model.get_output_embeddings()(hidden).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

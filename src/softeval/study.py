@@ -17,7 +17,7 @@ from softeval.models import load_model
 from softeval.report import write_comparison
 from softeval.softprompt import load_soft_prompt
 from softeval.task import load_task
-from softeval.tune import TuneConfig, sweep, tune
+from softeval.tune import TuneConfig, checkpoint_config, sweep, tune
 
 log = logging.getLogger("softeval")
 
@@ -85,7 +85,9 @@ def _tuned_prompt(lm, spec, config: TuneConfig, folder: Path, data_dir, sweep_gr
     if sweep_grid:
         sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
     else:
-        tune(lm, spec, config, output=folder, data_dir=data_dir, progress=progress)
+        # an interrupted tuning run with the same settings continues where it stopped
+        resume = checkpoint_config(folder / "checkpoint.safetensors") == config
+        tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress)
     return load_soft_prompt(path, lm)[0]
 
 

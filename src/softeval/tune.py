@@ -134,6 +134,14 @@ class Tuner:
         return step, json.loads(meta["curve"])
 
 
+def checkpoint_config(path: Path) -> TuneConfig | None:
+    """The settings an unfinished run's checkpoint was written with, if there is one."""
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        return TuneConfig.model_validate_json(f.metadata()["config"])
+
+
 def tune(
     lm: LoadedModel,
     spec: TaskSpec,
