@@ -37,7 +37,8 @@ def _reference_greedy(lm, ids, n):
 
 @PREFIXES
 def test_generation_matches_uncached_reference(tiny_lm, prefix):
-    engine = Engine(tiny_lm, batch_size=4)
+    # batches of 2: rows of the first batch still running are pooled with the second
+    engine = Engine(tiny_lm, batch_size=2)
     prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     with torch.no_grad():
         expected = [_reference_greedy(tiny_lm, p, 6) for p in prompts]
@@ -52,8 +53,9 @@ def test_generation_matches_uncached_reference(tiny_lm, prefix):
 def test_generation_is_independent_of_batch(tiny_lm, prefix):
     prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     together = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\n"], max_new_tokens=8)
+    pooled = Engine(tiny_lm, batch_size=2).generate(prompts, stop=["\n"], max_new_tokens=8)
     alone = Engine(tiny_lm, batch_size=1).generate(prompts, stop=["\n"], max_new_tokens=8)
-    assert [c.text for c in together] == [c.text for c in alone]
+    assert [c.text for c in together] == [c.text for c in alone] == [c.text for c in pooled]
 
 
 def test_generation_cuts_at_stop_string(tiny_llama):
@@ -87,3 +89,29 @@ def test_loglikelihood_matches_full_forward(tiny_lm, prefix):
         assert len(g_row) == len(e_row)
         for g, e in zip(g_row, e_row):
             assert abs(g - e) < 1e-3 * max(1.0, abs(e))
+
+
+def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
+    """A pool that has decoded a few steps takes in a freshly encoded batch of another width."""
+    from softeval.engine import _Decoder, _Pool
+
+    engine = Engine(tiny_lm, batch_size=2)
+    long_prompt, short_prompt = _prompt_ids(tiny_lm, TEXTS[3]), _prompt_ids(tiny_lm, TEXTS[2])
+    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0].text for p in (long_prompt, short_prompt)]
+
+    def pool_of(index, prompt):
+        hidden, mask, positions, cache = engine._prefill([prompt], None)
+        return _Pool([index], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
+
+    decoder = _Decoder(engine, ["\x00never"], 6, 2)
+    with torch.inference_mode():
+        pool = decoder.step(decoder.step(pool_of(0, long_prompt), lambda n: None), lambda n: None)  # two tokens ahead
+        fits_window = engine.window is None or pool.mask.shape[1] + 6 <= engine.window
+        pool = engine._merge(pool, pool_of(1, short_prompt), 6, decoder, lambda n: None)
+        if fits_window:
+            assert len(pool.rows) == 2 and pool.mask[1, 0] == 0  # the newcomer is padded on the left
+        else:  # padding would take sliding-window slots: the old pool finished first
+            assert pool.rows == [1] and decoder.results[0] is not None
+        while pool is not None:
+            pool = decoder.step(pool, lambda n: None)
+    assert [c.text for c in decoder.results] == expected

@@ -75,54 +75,39 @@ class Engine:
         max_new_tokens: int,
         advance: Advance = lambda n: None,
     ) -> list[Completion]:
-        """Greedy completions, one per prompt, in the prompts' order."""
-        results: list[Completion | None] = [None] * len(prompts)
-        prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
-        for batch in self._length_buckets([len(p) for p in prompts]):
-            rows = [prompts[i] for i in batch]
-            for i, completion in zip(batch, self._generate_batch(rows, prefix, stop, max_new_tokens)):
-                results[i] = completion
-            advance(len(batch))
-        return results  # type: ignore[return-value]
+        """Greedy completions, one per prompt, in the prompts' order.
 
-    def _generate_batch(
-        self, prompts: list[list[int]], prefix: SharedPrefix | None, stop: Sequence[str], max_new_tokens: int
-    ) -> list[Completion]:
-        tokenizer = self.lm.tokenizer
-        eos = set(self.lm.eos_token_ids)
-        hidden, mask, positions, cache = self._prefill(prompts, prefix)
-        next_tokens = self.logits(hidden).argmax(-1)
-        generated: list[list[int]] = [[] for _ in prompts]
-        done: list[Completion | None] = [None] * len(prompts)
-        rows = list(range(len(prompts)))  # batch row -> prompt index, for rows still running
-        for step in range(max_new_tokens):
-            keep = []
-            for slot, i in enumerate(rows):
-                token = int(next_tokens[slot])
-                if token in eos:
-                    done[i] = Completion(tokenizer.decode(generated[i], skip_special_tokens=True), generated[i], "eos")
-                    continue
-                generated[i].append(token)
-                text = tokenizer.decode(generated[i], skip_special_tokens=True)
-                cut = _first_stop(text, stop)
-                if cut is not None:
-                    done[i] = Completion(text[:cut], generated[i], "stop")
-                elif step == max_new_tokens - 1:
-                    done[i] = Completion(text, generated[i], "length")
-                else:
-                    keep.append(slot)
-            if not keep:
-                break
-            if len(keep) < len(rows):  # finished rows leave the batch and its cache
-                index = torch.tensor(keep, device=self.device)
-                cache.reorder_cache(index)
-                mask, positions, next_tokens = mask[index], positions[index], next_tokens[index]
-                rows = [rows[s] for s in keep]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            positions = positions[:, -1:] + 1
-            hidden = self._forward(self._embed(next_tokens[:, None]), mask, positions, cache)[:, -1]
-            next_tokens = self.logits(hidden).argmax(-1)
-        return done  # type: ignore[return-value]
+        Prompts are encoded batch by batch, but decoding runs on a pool: rows still generating
+        when a batch is mostly done join the next batch, so a decode step (bound by reading the
+        weights, whatever the rows) is not spent on a handful of stragglers."""
+        decoder = _Decoder(self, stop, max_new_tokens, len(prompts))
+        prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
+        pool: _Pool | None = None
+        for batch in self._length_buckets([len(p) for p in prompts]):
+            hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
+            arrivals = _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1))
+            pool = arrivals if pool is None else self._merge(pool, arrivals, max_new_tokens, decoder, advance)
+            while pool is not None and len(pool.rows) > self.batch_size // 2:
+                pool = decoder.step(pool, advance)
+        while pool is not None:
+            pool = decoder.step(pool, advance)
+        return decoder.results  # type: ignore[return-value]
+
+    def _merge(self, pool: _Pool, arrivals: _Pool, horizon: int, decoder: _Decoder, advance: Advance) -> _Pool | None:
+        """One pool of both, their caches left-padded to the same width; where a sliding window
+        forbids padding in the cache, the old pool is finished first instead."""
+        width = max(pool.mask.shape[1], arrivals.mask.shape[1])
+        if self.window is not None and width + horizon > self.window:
+            while pool is not None:
+                pool = decoder.step(pool, advance)
+            return arrivals
+        return _Pool(
+            pool.rows + arrivals.rows,
+            _concat_caches([pool.cache, arrivals.cache], [pool.mask.shape[1], arrivals.mask.shape[1]], width),
+            torch.cat([_pad_left(pool.mask, width), _pad_left(arrivals.mask, width)]),
+            torch.cat([pool.positions, arrivals.positions]),
+            torch.cat([pool.next_tokens, arrivals.next_tokens]),
+        )
 
     # --- loglikelihood ----------------------------------------------------------------------------
 
@@ -288,6 +273,78 @@ class Engine:
             picked = logits.gather(1, targets[s : s + self.logits_chunk, None])[:, 0]
             out.append(picked - torch.logsumexp(logits, dim=-1))
         return torch.cat(out)
+
+
+@dataclass
+class _Pool:
+    """Rows being decoded together: prompt indices, their cache, mask, last positions and the
+    token each has just chosen."""
+
+    rows: list[int]
+    cache: DynamicCache
+    mask: torch.Tensor
+    positions: torch.Tensor  # (rows, 1)
+    next_tokens: torch.Tensor  # (rows,)
+
+
+class _Decoder:
+    """Greedy decoding steps over a pool, recording each row's completion when it ends."""
+
+    def __init__(self, engine: Engine, stop: Sequence[str], max_new_tokens: int, n: int):
+        self.engine, self.stop, self.max_new_tokens = engine, stop, max_new_tokens
+        self.eos = set(engine.lm.eos_token_ids)
+        self.generated: list[list[int]] = [[] for _ in range(n)]
+        self.results: list[Completion | None] = [None] * n
+
+    def step(self, pool: _Pool, advance: Advance) -> _Pool | None:
+        """Take each row's chosen token; finished rows leave; the rest advance one token."""
+        decode = self.engine.lm.tokenizer.decode
+        keep = []
+        for slot, i in enumerate(pool.rows):
+            token, generated = int(pool.next_tokens[slot]), self.generated[i]
+            if token in self.eos:
+                self.results[i] = Completion(decode(generated, skip_special_tokens=True), generated, "eos")
+                continue
+            generated.append(token)
+            text = decode(generated, skip_special_tokens=True)
+            cut = _first_stop(text, self.stop)
+            if cut is not None:
+                self.results[i] = Completion(text[:cut], generated, "stop")
+            elif len(generated) == self.max_new_tokens:
+                self.results[i] = Completion(text, generated, "length")
+            else:
+                keep.append(slot)
+        advance(len(pool.rows) - len(keep))
+        if not keep:
+            return None
+        if len(keep) < len(pool.rows):  # finished rows leave the pool and its cache
+            index = torch.tensor(keep, device=self.engine.device)
+            pool.cache.reorder_cache(index)
+            pool = _Pool([pool.rows[s] for s in keep], pool.cache, pool.mask[index], pool.positions[index], pool.next_tokens[index])
+        mask = torch.cat([pool.mask, pool.mask.new_ones(len(pool.rows), 1)], dim=1)
+        positions = pool.positions + 1
+        engine = self.engine
+        hidden = engine._forward(engine._embed(pool.next_tokens[:, None]), mask, positions, pool.cache)[:, -1]
+        return _Pool(pool.rows, pool.cache, mask, positions, engine.logits(hidden).argmax(-1))
+
+
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
+
+
+def _concat_caches(caches: list[DynamicCache], widths: list[int], width: int) -> DynamicCache:
+    """Caches stacked along the batch, each first left-padded (masked slots) to `width`."""
+    merged = copy.copy(caches[0])
+    merged.layers = []
+    for layers in zip(*(c.layers for c in caches)):
+        layer = copy.copy(layers[0])
+        pad = [(0, 0, width - w, 0) for w in widths]  # pad the sequence dimension on the left
+        layer.keys = torch.cat([torch.nn.functional.pad(l.keys, p) for l, p in zip(layers, pad)])
+        layer.values = torch.cat([torch.nn.functional.pad(l.values, p) for l, p in zip(layers, pad)])
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = width
+        merged.layers.append(layer)
+    return merged
 
 
 def _select_rows(cache: DynamicCache, index: torch.Tensor) -> DynamicCache:
