@@ -205,20 +205,21 @@ class Engine:
             embeds, mask, positions = self.inputs(sequences)
             return self._forward(embeds, mask, positions, cache)[:, -1], mask, positions, cache
         cache = _select_rows(prefix.cache, torch.zeros(len(sequences), dtype=torch.long, device=self.device))
-        suffix_ids, suffix_mask, _ = self._left_pad([s[prefix.length :] for s in sequences])
+        suffix_ids, suffix_mask = self._left_pad([s[prefix.length :] for s in sequences])
         mask = torch.cat([prefix.mask.expand(len(sequences), -1), suffix_mask], dim=1)
         positions = prefix.positions[:, -1:] + suffix_mask.cumsum(-1)
         hidden = self._forward(self._embed(suffix_ids), mask, positions, cache)[:, -1]
         return hidden, mask, positions, cache
 
-    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of a batch, left-padded to its longest row."""
         width = max(len(s) for s in sequences)
         ids = torch.zeros(len(sequences), width, dtype=torch.long)
         mask = torch.zeros(len(sequences), width, dtype=torch.long)
         for r, seq in enumerate(sequences):
             ids[r, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
             mask[r, width - len(seq) :] = 1
-        return ids.to(self.device), mask.to(self.device), (mask.cumsum(-1) - 1).clamp(min=0).to(self.device)
+        return ids.to(self.device), mask.to(self.device)
 
     def inputs(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Left-padded input embeddings, attention mask and position ids for a batch.

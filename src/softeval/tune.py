@@ -117,11 +117,10 @@ class Tuner:
         tmp.replace(path)
 
     def load_checkpoint(self, path: Path) -> tuple[int, list[dict]]:
+        if checkpoint_config(path) != self.config:
+            raise SoftevalError(f"checkpoint {path} was written with other settings; resume with the same flags")
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()
-            saved = TuneConfig.model_validate_json(meta["config"])
-            if saved != self.config:
-                raise SoftevalError(f"checkpoint {path} was written with other settings; resume with the same flags")
             step = int(meta["step"])
             with torch.no_grad():
                 self.prompt.copy_(f.get_tensor("soft_prompt"))
