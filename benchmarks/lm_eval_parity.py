@@ -25,7 +25,6 @@ from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
-from softeval.parsers import parser_for  # noqa: E402
 from softeval.prompts import PromptBuilder  # noqa: E402
 
 LM_EVAL_TASK = """\
@@ -53,8 +52,7 @@ def softeval_knowledge(model: str, data_dir: Path, rows: int, batch_size: int) -
     builder = PromptBuilder(spec, lm)
     clozes = [builder.cloze(e) for e in examples]
     scores = Engine(lm, batch_size=batch_size).loglikelihood(clozes)
-    parser = parser_for(spec.answer_format)
-    correct = [score_sample(parser, e, "", s)["knowledge_correct"] for e, s in zip(examples, scores)]
+    correct = [score_sample(spec.format, e, "", s).knowledge_correct for e, s in zip(examples, scores)]
     return sum(correct) / len(correct), time.perf_counter() - start
 
 

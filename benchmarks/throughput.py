@@ -33,7 +33,6 @@ from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
-from softeval.parsers import parser_for  # noqa: E402
 from softeval.prompts import PromptBuilder, tuning_target  # noqa: E402
 from softeval.tune import TuneConfig, Tuner  # noqa: E402
 
@@ -116,8 +115,7 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
     engine = Engine(lm, batch_size=batch_size)
     scores = engine.loglikelihood(clozes)
     ours_s = time.perf_counter() - start
-    parser = parser_for(spec.answer_format)
-    ours_acc = sum(score_sample(parser, e, "", s)["knowledge_correct"] for e, s in zip(examples, scores)) / len(examples)
+    ours_acc = sum(score_sample(spec.format, e, "", s).knowledge_correct for e, s in zip(examples, scores)) / len(examples)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
@@ -158,7 +156,9 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
         out, theirs_s = run_lm_eval(hflm, yaml, name, log_samples=True)
     theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
 
-    differ = [i for i, c in enumerate(completions) if c.text != theirs[i]]
+    # lm-eval cuts at the first stop string anywhere; softeval only once the answer has begun, so a
+    # completion that opens with a newline is compared by lm-eval's rule on the same tokens
+    differ = [i for i, c in enumerate(completions) if _cut_anywhere(c.raw, spec.stop) != theirs[i]]
     gaps = [first_difference_gap(lm, prompts[i].ids, completions[i], theirs[i]) for i in differ]
     same = 1 - len(differ) / len(completions)
     gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / ours_s / 1e9
@@ -173,6 +173,11 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
         "gflops": gflops,
         "peak_share": gflops / peak,
     }
+
+
+def _cut_anywhere(text: str, stop: list[str]) -> str:
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[: min(cuts)] if cuts else text
 
 
 def first_difference_gap(lm, prompt_ids: list[int], ours, theirs_text: str) -> float:

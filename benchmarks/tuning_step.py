@@ -24,9 +24,8 @@ def softeval_step_fn(tuner: Tuner, batch):
     """softeval's tuning step on a fixed batch (the same work as `Tuner.step`)."""
 
     def step() -> float:
-        loss = tuner.loss(batch)
         tuner.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = tuner.loss(batch, backward=True)
         torch.nn.utils.clip_grad_norm_([tuner.prompt], 1.0)
         tuner.optimizer.step()
         return loss.item()

@@ -1,12 +1,15 @@
-"""Shared fixtures: tiny random models with the real offline tokenizers, and the benchmark mirror."""
+"""Shared fixtures and helpers: tiny random models with the real offline tokenizers, the benchmark
+mirror, user task files and reference computations the tests compare against."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -14,6 +17,7 @@ from transformers import (
     LlamaConfig,
 )
 
+from softeval.formats import Example
 from softeval.models import load_model, prepare_alias
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +43,7 @@ def tokenizer_dirs() -> dict[str, Path]:
     return {"llama": prepare_alias("smollm2-135m-instruct"), "gemma3": prepare_alias("gemma-3-270m")}
 
 
-def _tiny_config(arch: str, vocab_size: int, tokenizer, window: int = 32):
+def tiny_config(arch: str, vocab_size: int, tokenizer, window: int = 32):
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -71,7 +75,7 @@ def tiny_model_dirs(tokenizer_dirs, tmp_path_factory) -> dict[str, Path]:
     for arch, source, window in [("llama", "llama", 0), ("gemma3", "gemma3", 32), ("gemma3-wide", "gemma3", 256)]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs[source])
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(_tiny_config(source, len(tokenizer), tokenizer, window))
+        model = AutoModelForCausalLM.from_config(tiny_config(source, len(tokenizer), tokenizer, window))
         folder = tmp_path_factory.mktemp(f"tiny-{arch}")
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -92,3 +96,99 @@ def tiny_llama(tiny_model_dirs):
 @pytest.fixture(scope="session")
 def tiny_gemma(tiny_model_dirs):
     return load_model(str(tiny_model_dirs["gemma3"]), device="cpu")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+
+
+def pytest_runtest_setup(item):
+    if "cuda" in item.keywords and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+
+
+# --- prompts the engine tests share ----------------------------------------------------------------
+
+TEXTS = [
+    "Question: Which gas do plants take in?\nAnswer:",
+    "The capital of France is",
+    "Q: 2 + 2 =",
+    "A much longer prompt that goes on for a while, so that the batch needs left padding to line up. Answer:",
+]
+# prompts that start alike exercise the engine's shared-prefix path
+SHARED = "Answer each of the following questions as briefly and as accurately as you can.\n\n"
+
+
+def prompt_ids(lm, text: str) -> list[int]:
+    """Token ids of a prompt as the engine takes them: BOS first where the model uses one."""
+    ids = lm.encode(text)
+    return [lm.bos_token_id, *ids] if lm.bos_token_id is not None else ids
+
+
+def reference_greedy(lm, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by full forward passes without cache, one prompt at a time."""
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = lm.model(torch.tensor([seq])).logits[0, -1]
+            seq.append(int(logits.argmax()))
+    return seq[len(ids) :]
+
+
+def reference_loglikelihood(lm, context: list[int], continuation: list[int], soft: torch.Tensor | None = None) -> float:
+    """Summed log-probability of `continuation` after `context` by one unpadded forward pass
+    (the soft prompt, if any, after BOS)."""
+    embed = lm.model.get_input_embeddings()
+    ids = torch.tensor(context + continuation)
+    n_head = 1 if soft is not None and lm.bos_token_id is not None else 0
+    pieces = [embed(ids[:n_head]), *([soft] if soft is not None else []), embed(ids[n_head:])]
+    n_soft = 0 if soft is None else len(soft)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(lm.model(inputs_embeds=torch.cat(pieces)[None]).logits[0].float(), -1)
+    start = len(context) + n_soft - 1
+    return sum(float(logprobs[start + j, t]) for j, t in enumerate(continuation))
+
+
+# --- user tasks ------------------------------------------------------------------------------------
+
+ROWS = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
+
+
+def write_user_task(tmp_path: Path, rows: list, fmt: str = "jsonl", **overrides) -> Path:
+    """A two-option multiple-choice task spec reading `rows` from a local file; returns the spec path."""
+    data = tmp_path / f"test.{fmt}"
+    if fmt == "jsonl":
+        data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame(rows)
+        frame.to_csv(data, index=False) if fmt == "csv" else frame.to_parquet(data)
+    spec = {
+        "name": "capitals",
+        "dataset": {
+            "path": "local/capitals",
+            "eval_split": "test",
+            "tune_split": "test",
+            "fewshot_split": "test",
+            "data_files": {"test": data.name},
+        },
+        "answer_format": "multiple_choice",
+        "fields": {"question": "q", "choices": "[a, b]", "answer": "gold"},
+        "template": "Question: {{ question }}\n{{ options }}\nAnswer:",
+        "cloze_template": "Question: {{ question }}\nAnswer:",
+        "target": " {{ letter }}",
+        "stop": ["\n"],
+        "max_new_tokens": 4,
+    } | overrides
+    path = tmp_path / "capitals.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def mc_example(choices: list[str], answer_index: int) -> Example:
+    return Example(index=0, source="t", row={}, question="q", answer="ABCDEFGH"[answer_index], choices=choices, answer_index=answer_index)
+
+
+def qa_example(answer: str, *aliases: str) -> Example:
+    return Example(index=0, source="t", row={}, question="q", answer=answer, aliases=[answer, *aliases])

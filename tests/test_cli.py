@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from test_tasks import ROWS, write_user_task
+from conftest import ROWS, write_user_task
 from typer.testing import CliRunner
 
 from softeval.cli import app
 from softeval.errors import SoftevalError
+from softeval.softprompt import load_soft_prompt
 
 runner = CliRunner()
 
@@ -33,10 +34,13 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
         assert set(results["metrics"]) == {"format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge"}
         assert results["data"]["sha256"] and results["versions"]["transformers"]
         for s in samples:
-            assert {"prompt", "completion", "strict_answer", "strict_failure", "lenient_answer", "gold", "option_loglikelihoods"} <= set(s)
+            assert {"prompt", "raw_completion", "completion", "strict_answer", "strict_failure", "lenient_answer",
+                    "lenient_status", "gold", "option_loglikelihoods"} <= set(s)
             assert (s["strict_answer"] is None) == (s["strict_failure"] is not None)
         ff = sum(s["format_ok"] for s in samples) / len(samples)
         assert results["metrics"]["format_following"]["value"] == round(ff, 6)
+        diagnostics = results["diagnostics"]
+        assert diagnostics["chance"] == 0.5 and sum(diagnostics["answer_distribution"].values()) == 6
     assert "| capitals |" not in (out / "comparison.md").read_text() and "## capitals" in (out / "comparison.md").read_text()
 
 
@@ -93,6 +97,11 @@ def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs):
     assert result.exit_code == 0, result.output
     results = json.loads((out / model.name / "capitals" / "soft-prompt" / "results.json").read_text())
     assert results["config"]["soft_prompt_length"] == 3
+    used = results["config"]["soft_prompt"]
+    assert used["path"] == str((tmp_path / "tuned" / "soft_prompt.safetensors").resolve())
+    assert used["sha256"] == load_soft_prompt(tmp_path / "tuned").sha256 and used["task"]["name"] == "capitals"
+    chat = run("eval", "--model", model, "--task", task, "--method", "soft-prompt", "--chat", "--prompt", tmp_path / "tuned", "--output", out)
+    assert "tuned without the chat template" in str(chat.exception)
 
 
 def test_soft_prompt_method_without_a_prompt(tmp_path, tiny_model_dirs):
@@ -116,6 +125,8 @@ def test_run_tunes_evaluates_and_compares(tmp_path, tiny_model_dirs):
         assert (out / name / "capitals" / folder / "curve.png").exists()
     report = (out / "comparison.md").read_text()
     assert "## capitals" in report and "prompt-chat/curve.png" in report
+    assert "| strict answers | most common | chance |" in report  # the answer diagnostics per cell
+    assert all(c["diagnostics"]["chance"] == 0.5 for c in cells)
     stamp = (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns
     assert run(*args).exit_code == 0  # a second run reuses the tuned prompts
     assert (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns == stamp
@@ -132,3 +143,26 @@ def test_tune_sweep_records_every_trial(tmp_path, tiny_model_dirs):
     chosen = json.loads((out / "curve.json").read_text())
     assert chosen[-1]["step"] == 2
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
+
+
+def test_run_retunes_when_anything_a_prompt_depends_on_changes(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    out = tmp_path / "report"
+    prompt = out / tiny_model_dirs["llama"].name / "capitals" / "prompt" / "soft_prompt.safetensors"
+    base = ["run", "--model", tiny_model_dirs["llama"], "--task", task, "--methods", "soft-prompt",
+            "--steps", 2, "--eval-every", 2, "--val-size", 4, "--length", 2, "--output", out]
+
+    def produced(*extra):
+        assert run(*base, *extra).exit_code == 0
+        return load_soft_prompt(prompt).metadata["produced"], prompt.stat().st_mtime_ns
+
+    plain, stamp = produced()
+    assert plain == {"by": "tune"}
+    swept, swept_stamp = produced("--sweep", "--sweep-steps", 1)  # a plain prompt does not serve a sweep
+    assert swept["by"] == "sweep" and swept["sweep_steps"] == 1 and swept_stamp != stamp
+    assert produced("--sweep", "--sweep-steps", 1)[1] == swept_stamp  # the same sweep is reused
+    assert produced("--sweep", "--sweep-steps", 2)[1] != swept_stamp  # other sweep steps: tuned again
+    _, stamp = produced()
+    task.write_text(task.read_text().replace("Answer:", "The answer:"))  # the task's template changed
+    _, retuned = produced()
+    assert retuned != stamp

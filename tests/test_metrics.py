@@ -1,24 +1,36 @@
-"""Metric definitions and their bootstrap intervals."""
+"""Metric definitions, bootstrap intervals against known answers, and the collapse and chance diagnostics."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from conftest import mc_example, qa_example
 
-from softeval.data import Example
-from softeval.metrics import aggregate, score_sample
-from softeval.parsers import MultipleChoice
+from softeval.formats import MultipleChoice, ShortAnswer
+from softeval.metrics import Judgement, Metric, Sample, aggregate, diagnose, score_sample
 
 
-def _sample(format_ok, task_correct, lenient_correct, knowledge_correct):
-    return dict(format_ok=format_ok, task_correct=task_correct, lenient_correct=lenient_correct, knowledge_correct=knowledge_correct)
+def _judged(format_ok, task_correct, lenient_correct, knowledge_correct) -> Judgement:
+    return Judgement(
+        strict_answer="A" if format_ok else None,
+        strict_failure=None if format_ok else "x",
+        lenient_answer=None,
+        lenient_status="answer",
+        lenient_note=None,
+        format_ok=format_ok,
+        task_correct=task_correct,
+        lenient_correct=lenient_correct,
+        knowledge_correct=knowledge_correct,
+    )
 
 
 def test_metric_values_follow_their_definitions():
     samples = [
-        _sample(True, True, True, True),
-        _sample(True, False, False, True),
-        _sample(False, False, True, True),
-        _sample(False, False, False, False),
+        _judged(True, True, True, True),
+        _judged(True, False, False, True),
+        _judged(False, False, True, True),
+        _judged(False, False, False, False),
     ]
     m = aggregate(samples, n_resamples=200)
     assert m["format_following"].value == 0.5
@@ -26,40 +38,92 @@ def test_metric_values_follow_their_definitions():
     assert m["conditional_accuracy"].value == 0.5
     assert m["lenient_accuracy"].value == 0.5
     assert m["knowledge"].value == 0.75
-    for metric in m.values():
-        assert metric.ci_low <= metric.value <= metric.ci_high
 
 
-def test_interval_narrows_with_more_samples():
-    few = aggregate([_sample(i % 2 == 0, False, False, False) for i in range(20)])
-    many = aggregate([_sample(i % 2 == 0, False, False, False) for i in range(2000)])
-    width = lambda m: m["format_following"].ci_high - m["format_following"].ci_low  # noqa: E731
-    assert width(many) < width(few) / 3
+def test_interval_matches_the_binomial_interval():
+    """300 successes in 1000: the normal-approximation binomial 95% interval is 0.3 +- 0.0284."""
+    samples = [_judged(i < 300, False, False, False) for i in range(1000)]
+    m = aggregate(samples, n_resamples=2000)["format_following"]
+    half_width = 1.959964 * math.sqrt(0.3 * 0.7 / 1000)
+    assert m.ci_low == pytest.approx(0.3 - half_width, abs=0.005)
+    assert m.ci_high == pytest.approx(0.3 + half_width, abs=0.005)
+
+
+def test_examples_are_resampled_jointly_across_metrics():
+    # every formatted answer is correct: conditional accuracy is 1 in every joint resample, while
+    # resampling the two columns separately would spread it widely
+    samples = [_judged(i % 2 == 0, i % 2 == 0, False, False) for i in range(40)]
+    m = aggregate(samples)
+    assert (m["conditional_accuracy"].ci_low, m["conditional_accuracy"].ci_high) == (1.0, 1.0)
+    assert m["format_following"].ci_low < 0.4 and m["format_following"].ci_high > 0.6
+
+
+def test_one_example_has_no_interval():
+    m = aggregate([_judged(True, True, True, True)])
+    assert m["task_accuracy"] == Metric(value=1.0, ci_low=None, ci_high=None)
 
 
 def test_conditional_accuracy_is_undefined_without_formatted_answers():
-    m = aggregate([_sample(False, False, True, True)] * 5)
+    m = aggregate([_judged(False, False, True, True)] * 5)
     assert m["conditional_accuracy"].value is None
     assert m["format_following"].value == 0.0
 
 
 def test_knowledge_uses_length_normalised_loglikelihood():
-    example = Example(index=0, source="t", row={}, question="q", answer="B", choices=["no", "certainly yes"], answer_index=1)
+    example = mc_example(["no", "certainly yes"], 1)
     # raw sums favour the short option; per character the long one wins (lm-eval acc_norm)
     record = score_sample(MultipleChoice(), example, " B", [-3.0, -10.0])
-    assert record["knowledge_correct"] is True
-    assert record["task_correct"] and record["format_ok"]
+    assert record.knowledge_correct is True
+    assert record.task_correct and record.format_ok
+
+
+def test_an_option_with_no_tokens_never_wins_knowledge():
+    example = mc_example(["x", "a longer option"], 0)
+    record = score_sample(MultipleChoice(), example, " A", [float("-inf"), -200.0])
+    assert record.knowledge_correct is False
+    assert record.option_loglikelihoods == [None, -200.0]
+    nothing = score_sample(MultipleChoice(), example, " A", [float("-inf"), float("-inf")])
+    assert nothing.knowledge_correct is False
 
 
 def test_open_ended_knowledge_is_lenient_accuracy():
-    example = Example(index=0, source="t", row={}, question="q", answer="Paris", aliases=["Paris"])
-    from softeval.parsers import ShortAnswer
-
+    example = qa_example("Paris")
     record = score_sample(ShortAnswer(), example, " I believe that it is Paris, the capital city of France, of course", None)
-    assert record["format_ok"] is False and record["knowledge_correct"] is True
+    assert record.format_ok is False and record.knowledge_correct is True
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_tiny_samples_do_not_crash(n):
-    m = aggregate([_sample(True, True, True, True)] * n)
-    assert m["task_accuracy"].value == 1.0
+def _sample(strict: str | None, gold: str, completion: str = " x", status: str = "answer") -> Sample:
+    judged = _judged(strict is not None, strict == gold, False, False).model_dump() | {"strict_answer": strict, "lenient_status": status}
+    return Sample(
+        index=0, source="t", prompt="p", n_demos=0, truncated=False, raw_completion=completion, completion=completion,
+        stop_reason="stop", gold=gold, choices=["a", "b", "c", "d"], **judged,
+    )
+
+
+def test_collapse_onto_one_letter_is_flagged():
+    # 47 of 50 answers are "A"; the gold letters are spread evenly, 13 of them "A"
+    golds = ["ABCD"[i % 4] for i in range(50)]
+    samples = [_sample("A" if i < 47 else "B", gold) for i, gold in enumerate(golds)]
+    metrics = aggregate(samples)
+    d = diagnose(samples, metrics["task_accuracy"], chance=0.25)
+    assert d.answer_distribution == {"A": 47, "B": 3, "none": 0}
+    assert (d.most_common_answer, d.most_common_share) == ("A", 0.94)
+    assert d.most_common_accuracy == 13 / 50
+    assert d.collapsed and d.at_chance
+    assert d.flags == ["at chance (25%)", "collapsed: A 94%"]
+
+
+def test_a_cell_above_chance_with_spread_answers_is_not_flagged():
+    golds = ["ABCD"[i % 4] for i in range(80)]
+    samples = [_sample(gold if i % 5 else "ABCD"[(i + 1) % 4], gold) for i, gold in enumerate(golds)]
+    metrics = aggregate(samples)
+    d = diagnose(samples, metrics["task_accuracy"], chance=0.25)
+    assert metrics["task_accuracy"].value == 0.8
+    assert not d.collapsed and not d.at_chance and d.flags == []
+
+
+def test_open_ended_cells_report_empty_and_ambiguous_shares():
+    samples = [_sample(None, "x", completion="", status="no_answer")] * 2 + [_sample(None, "x", status="ambiguous")] * 3 + [_sample("x", "x")] * 5
+    d = diagnose(samples, aggregate(samples)["task_accuracy"], chance=None)
+    assert (d.empty_share, d.ambiguous_share) == (0.2, 0.3)
+    assert d.answer_distribution is None and not d.collapsed

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from softeval import load_examples, load_task
+import pytest
+from conftest import reference_loglikelihood
+
+from softeval import evaluate, load_examples, load_task
 from softeval.prompts import PromptBuilder, choose_demos
 
 
@@ -74,3 +77,50 @@ def test_cloze_splits_like_lm_eval(tiny_llama, mirror):
     assert cloze.context_ids == tiny_llama.encode(context)
     for choice, ids in zip(example.choices, cloze.continuation_ids):
         assert tiny_llama.encode(context + " " + choice) == cloze.context_ids + ids
+
+
+def test_a_shortened_prompt_is_logged_as_fed(tiny_llama, mirror):
+    spec = load_task("boolq")
+    example = load_examples(spec, "validation", mirror, limit=1)[0]
+    zero = PromptBuilder(spec, tiny_llama).generation(example)
+    tiny = dataclasses.replace(tiny_llama, context_length=len(zero.ids) - 10)
+    cut = PromptBuilder(spec, tiny).generation(example)
+    assert cut.truncated and len(cut.ids) < len(zero.ids)
+    assert cut.text == tiny_llama.tokenizer.decode(cut.ids) and cut.text != zero.text
+    assert zero.text.endswith(cut.text)
+
+
+def _hand_built_chat_cloze(lm, spec, demos, example) -> tuple[list[int], list[list[int]]]:
+    """The knowledge context written out by hand: demonstrations as chat turns answered with the
+    gold option's text, then the question; each option's text follows the assistant cue."""
+    messages = []
+    for demo in demos:
+        messages += [
+            {"role": "user", "content": f"Question: {demo.question}\nAnswer:"},
+            {"role": "assistant", "content": demo.choices[demo.answer_index]},
+        ]
+    messages.append({"role": "user", "content": f"Question: {example.question}\nAnswer:"})
+    context = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    context_ids = lm.encode(context)
+    options = [lm.encode(context + choice)[len(context_ids) :] for choice in example.choices]
+    return context_ids, options
+
+
+@pytest.mark.parametrize("shortened", [False, True], ids=["with-demos", "truncated"])
+def test_cloze_knowledge_with_chat_demos_and_truncation_matches_a_hand_built_reference(tiny_llama, mirror, shortened):
+    """Roomy: two demonstrations as chat turns. Short: the demonstrations are dropped and then the
+    oldest tokens, until the longest option fits."""
+    spec = load_task("arc_easy")
+    examples = load_examples(spec, "test", mirror, limit=3, seed=1)
+    demos = choose_demos(spec, load_examples(spec, "train", mirror), 2, seed=1)[:2]  # as evaluate picks them
+    references = [_hand_built_chat_cloze(tiny_llama, spec, [] if shortened else demos, e) for e in examples]
+    shortest = min(len(c) for c, _ in references)
+    lm = dataclasses.replace(tiny_llama, context_length=shortest - 1 + spec.max_new_tokens if shortened else 4096)
+    result = evaluate(lm, spec, "few-shot", chat=True, k=2, limit=3, seed=1, data_dir=mirror, progress=False)
+    for sample, example, (context, options) in zip(result.samples, examples, references):
+        keep = lm.context_length - spec.max_new_tokens - max(map(len, options))
+        assert (len(context) > keep) == shortened
+        expected = [reference_loglikelihood(tiny_llama, context[-keep:], option) for option in options]
+        assert sample.option_loglikelihoods == pytest.approx(expected, abs=1e-3)
+        per_char = [ll / len(c) for ll, c in zip(expected, example.choices)]
+        assert sample.knowledge_correct == (per_char.index(max(per_char)) == example.answer_index)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from safetensors import safe_open
-from test_engine import SHARED, TEXTS, _prompt_ids
-from test_tasks import ROWS, write_user_task
+from conftest import ROWS, SHARED, TEXTS, prompt_ids, write_user_task
 
-from softeval import SoftevalError, load_task
+from softeval import SoftevalError, evaluate, load_task
 from softeval.engine import Engine
-from softeval.prompts import Cloze
-from softeval.softprompt import initial_vectors, load_soft_prompt, save_soft_prompt
+from softeval.prompts import Cloze, tuning_target
+from softeval.softprompt import SoftPrompt, initial_vectors, load_soft_prompt, save_soft_prompt
 from softeval.tune import TuneConfig, Tuner, tune
 
 
@@ -21,7 +22,7 @@ def _soft(lm, length=4, seed=0):
 
 @pytest.mark.parametrize("prefix", ["", SHARED])
 def test_generation_with_soft_prompt_is_independent_of_batch(tiny_lm, prefix):
-    prompts = [_prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
+    prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     soft = _soft(tiny_lm)
     together = Engine(tiny_lm, batch_size=4, soft_prompt=soft).generate(prompts, stop=["\n"], max_new_tokens=8)
     alone = Engine(tiny_lm, batch_size=1, soft_prompt=soft).generate(prompts, stop=["\n"], max_new_tokens=8)
@@ -33,8 +34,8 @@ def test_generation_with_soft_prompt_is_independent_of_batch(tiny_lm, prefix):
 def test_soft_prompt_sits_after_bos(tiny_lm):
     """Loglikelihoods equal a single unpadded forward pass over [BOS] + soft + tokens."""
     soft = _soft(tiny_lm)
-    context, option = _prompt_ids(tiny_lm, TEXTS[0]), tiny_lm.encode(" carbon dioxide")
-    short = _prompt_ids(tiny_lm, TEXTS[2])  # a shorter row forces padding on the first
+    context, option = prompt_ids(tiny_lm, TEXTS[0]), tiny_lm.encode(" carbon dioxide")
+    short = prompt_ids(tiny_lm, TEXTS[2])  # a shorter row forces padding on the first
     got = Engine(tiny_lm, batch_size=2, soft_prompt=soft).loglikelihood([Cloze(context, [option]), Cloze(short, [option])])[0][0]
     embed = tiny_lm.model.get_input_embeddings()
     n_head = 1 if tiny_lm.bos_token_id is not None else 0
@@ -56,17 +57,42 @@ def test_vocab_init_goes_through_the_embedding_module(tiny_gemma):
     assert text.shape == (6, tiny_gemma.hidden_size)
 
 
-def test_save_load_and_model_mismatch(tmp_path, tiny_llama, tiny_gemma):
-    soft = _soft(tiny_llama)
-    path = tmp_path / "p.safetensors"
-    save_soft_prompt(path, soft, {"model": tiny_llama.identity, "task": "x"})
-    loaded, meta = load_soft_prompt(path, tiny_llama)
-    assert torch.equal(loaded, soft) and meta["task"] == "x"
-    with pytest.raises(SoftevalError, match="was tuned for model"):
-        load_soft_prompt(path, tiny_gemma)
-    save_soft_prompt(path, torch.zeros(4, 32), {})
-    with pytest.raises(SoftevalError, match="hidden size 32"):
-        load_soft_prompt(path, tiny_llama)
+def _tuned(tmp_path, lm, spec, chat=False, steps=2) -> SoftPrompt:
+    tune(lm, spec, TuneConfig(steps=steps, length=3, eval_every=steps, val_size=4, chat=chat), output=tmp_path / "p", progress=False)
+    return load_soft_prompt(tmp_path / "p")
+
+
+def test_a_prompt_records_what_it_was_tuned_for(tmp_path, tiny_llama):
+    spec = _task(tmp_path)
+    prompt = _tuned(tmp_path, tiny_llama, spec)
+    meta = prompt.metadata
+    assert meta["task"] == {"name": "capitals", "spec_sha256": spec.sha256()}
+    assert meta["chat"] is False and meta["produced"] == {"by": "tune"}
+    assert meta["model"]["config_sha256"] == tiny_llama.identity["config_sha256"]
+    assert meta["data"]["tune"]["sha256"] and meta["config"]["steps"] == 2
+    prompt.check(tiny_llama, spec, chat=False)  # the task, mode and model it was tuned for
+
+
+def test_a_prompt_refuses_another_model_task_or_mode(tmp_path, tiny_llama, tiny_gemma):
+    spec = _task(tmp_path)
+    prompt = _tuned(tmp_path, tiny_llama, spec)
+    with pytest.raises(SoftevalError, match=r"takes \(L, 64\)|was tuned for model"):
+        prompt.check(tiny_gemma, spec, chat=False)
+    with pytest.raises(SoftevalError, match="tuned for task 'capitals', not 'arc_easy'"):
+        prompt.check(tiny_llama, load_task("arc_easy"), chat=False)
+    changed = spec.model_copy(update={"template": "Q: {{ question }}\n{{ options }}\nA:"})
+    with pytest.raises(SoftevalError, match="another version of task 'capitals'"):
+        prompt.check(tiny_llama, changed, chat=False)
+    with pytest.raises(SoftevalError, match="tuned without the chat template"):
+        prompt.check(tiny_llama, spec, chat=True)
+    with pytest.raises(SoftevalError, match="tuned without the chat template"):
+        evaluate(tiny_llama, spec, "soft-prompt", chat=True, soft_prompt=prompt, progress=False)
+    other = SoftPrompt(prompt.vectors, prompt.metadata | {"model": tiny_llama.identity | {"config_sha256": "0" * 64}})
+    with pytest.raises(SoftevalError, match=r"\(config_sha256 differs\)"):
+        other.check(tiny_llama, spec, chat=False)
+    save_soft_prompt(tmp_path / "bad.safetensors", torch.zeros(4, 32), {})
+    with pytest.raises(SoftevalError, match=r"has shape \(4, 32\) but model .* takes \(L, 64\)"):
+        load_soft_prompt(tmp_path / "bad.safetensors").check(tiny_llama, spec, chat=False)
 
 
 def _task(tmp_path):
@@ -105,8 +131,7 @@ def test_resume_ends_with_the_same_prompt(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setattr(Tuner, "step", original)
     resumed = tune(tiny_llama, spec, config, output=tmp_path / "split", resume=True, progress=False)
 
-    a, _ = load_soft_prompt(tmp_path / "whole")
-    b, _ = load_soft_prompt(tmp_path / "split")
+    a, b = load_soft_prompt(tmp_path / "whole").vectors, load_soft_prompt(tmp_path / "split").vectors
     assert torch.allclose(a, b, atol=1e-6)
     assert resumed["final"]["step"] == whole["final"]["step"] == 6
     with safe_open(str(tmp_path / "split" / "checkpoint.safetensors"), "pt") as f:
@@ -116,9 +141,87 @@ def test_resume_ends_with_the_same_prompt(tmp_path, tiny_llama, monkeypatch):
 
 def test_nan_loss_stops_with_a_clear_error(tmp_path, tiny_llama, monkeypatch):
     spec = _task(tmp_path)
-    monkeypatch.setattr(Tuner, "loss", lambda self, batch: torch.tensor(float("nan"), requires_grad=True))
+    monkeypatch.setattr(Tuner, "loss", lambda self, batch, backward=False: torch.tensor(float("nan")))
     with pytest.raises(SoftevalError, match="loss became nan at step 0; lower --lr"):
         tune(tiny_llama, spec, TuneConfig(steps=2, length=4), output=tmp_path / "nan", progress=False)
+
+
+def test_a_non_finite_gradient_stops_before_anything_is_written(tmp_path, tiny_llama, monkeypatch):
+    """The loss is finite but its gradient is not: no checkpoint or prompt may take in NaN."""
+    spec = _task(tmp_path)
+    original = Tuner.__init__
+
+    def poisoned_gradient(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.prompt.register_hook(lambda grad: grad * float("nan"))
+
+    monkeypatch.setattr(Tuner, "__init__", poisoned_gradient)
+    out = tmp_path / "nan-grad"
+    with pytest.raises(SoftevalError, match="gradient became non-finite at step 0"):
+        tune(tiny_llama, spec, TuneConfig(steps=2, length=4, eval_every=1, val_size=4), output=out, progress=False)
+    assert not (out / "checkpoint.safetensors").exists() and not (out / "soft_prompt.safetensors").exists()
+
+
+def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeypatch):
+    """Batch of mixed lengths with a soft prompt, in micro-batches of one row and chunks of 3 target
+    tokens: the same loss and gradient as each example's target cross-entropy from one unpadded
+    forward pass, averaged over all target tokens."""
+    rows = [{"q": "Capital of " + country + "?", "a": "Paris", "b": "Rome", "gold": i % 2} for i, country in
+            enumerate(["France", "the Italian Republic of the south", "a very long-named country far away", "Spain"])]
+    spec = load_task(write_user_task(tmp_path, rows, target=" {{ letter }}. {{ choices[gold] }}"))
+    module = importlib.import_module("softeval.tune")  # the module, not the function softeval exports
+    monkeypatch.setattr(module, "LOSS_CHUNK", 3)
+    monkeypatch.setattr(module, "TOKEN_BUDGET", 1)
+    tuner = Tuner(tiny_lm, spec, TuneConfig(length=4, val_size=1))
+    batch = tuner.train[:3]
+    assert len({len(tuner.builder.generation(e).ids) for e in batch}) > 1  # mixed lengths
+    got = float(tuner.loss(batch, backward=True))
+    gradient, tuner.prompt.grad = tuner.prompt.grad.clone(), None
+
+    embed = tiny_lm.model.get_input_embeddings()
+    total, count = 0.0, 0
+    for example in batch:
+        prompt = tuner.builder.generation(example).ids
+        target = tiny_lm.encode(tuning_target(spec, example))
+        ids = torch.tensor(prompt + target)
+        n_head = 1 if tiny_lm.bos_token_id is not None else 0
+        embeds = torch.cat([embed(ids[:n_head]), tuner.prompt, embed(ids[n_head:])])[None]
+        logits = tiny_lm.model(inputs_embeds=embeds).logits[0].float()
+        first = len(prompt) + len(tuner.prompt) - 1
+        predicted = logits[first : first + len(target)]
+        total = total + torch.nn.functional.cross_entropy(predicted, torch.tensor(target), reduction="sum")
+        count += len(target)
+    reference = total / count
+    reference.backward()
+    assert got == pytest.approx(reference.item(), rel=1e-4)
+    assert (gradient - tuner.prompt.grad).abs().max() < 1e-4 * tuner.prompt.grad.abs().max()
+
+
+@pytest.mark.cuda
+def test_tuning_resume_and_evaluation_on_cuda(tmp_path, tiny_model_dirs, monkeypatch):
+    """The prompt, the optimizer state loaded on resume and the engine's tensors live on the GPU."""
+    from softeval import load_model
+
+    lm = load_model(str(tiny_model_dirs["llama"]), device="cuda")
+    spec = _task(tmp_path)
+    config = TuneConfig(steps=4, lr=0.05, length=4, eval_every=2, val_size=4)
+    tune(lm, spec, config, output=tmp_path / "whole", progress=False)
+    original = Tuner.step
+
+    def crash_at_step_3(self, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Tuner, "step", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        tune(lm, spec, config, output=tmp_path / "split", progress=False)
+    monkeypatch.setattr(Tuner, "step", original)
+    tune(lm, spec, config, output=tmp_path / "split", resume=True, progress=False)
+    whole, split = load_soft_prompt(tmp_path / "whole"), load_soft_prompt(tmp_path / "split")
+    assert torch.allclose(whole.vectors, split.vectors, atol=1e-5)
+    result = evaluate(lm, spec, "soft-prompt", soft_prompt=split, progress=False)
+    assert result.config["soft_prompt"]["sha256"] == split.sha256
 
 
 def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
@@ -136,7 +239,7 @@ def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
     with torch.no_grad():
         theirs = peft_model(input_ids=torch.tensor([ids])).logits[0, -len(ids) :]
         engine = Engine(tiny_lm, soft_prompt=soft)
-        embeds, mask, positions = engine.inputs([_prompt_ids(tiny_lm, TEXTS[0])])
+        embeds, mask, positions = engine.inputs([prompt_ids(tiny_lm, TEXTS[0])])
         hidden = engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
         ours = engine.logits(hidden)[0, -len(ids) :]
     assert torch.allclose(theirs, ours, atol=1e-4)

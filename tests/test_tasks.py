@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
+from conftest import ROWS, write_user_task
 
 from softeval import SoftevalError, builtin_tasks, load_examples, load_task
 from softeval.prompts import question_text, target_text, tuning_target
@@ -30,15 +29,26 @@ def test_builtin_task_parses_every_row_of_the_mirror(name, mirror):
     assert example.question in prompt
     assert prompt.rstrip().endswith("Answer:")
     assert tuning_target(spec, example) == target + spec.stop[0]
-    if spec.is_multiple_choice:
-        assert all(f"{letter}. " in prompt for letter in example.letters)
-        assert target == f" {example.answer}"
-        assert example.answer in example.letters
-    elif spec.answer_format == "number":
-        assert target.rstrip().endswith(f"#### {example.answer}") and "<<" not in target
-        assert float(example.answer.replace(",", "")) == float(example.answer)
-    else:
-        assert target.strip() in example.aliases
+    # the tuning target is the gold answer in the strict format: both parsers read it as correct
+    assert spec.format.is_correct(spec.format.strict(target, example).answer, example)
+    assert spec.format.is_correct(spec.format.lenient(target, example).answer, example)
+
+
+@pytest.mark.parametrize("name", ["arc_easy", "arc_challenge", "mmlu", "commonsense_qa", "boolq"])
+def test_multiple_choice_prompts_list_every_option(name, mirror):
+    spec = load_task(name)
+    example = load_examples(spec, spec.dataset.eval_split, mirror, limit=1)[0]
+    prompt = question_text(spec, example)
+    assert all(f"{letter}. " in prompt for letter in example.letters)
+    assert target_text(spec, example) == f" {example.answer}" and example.answer in example.letters
+
+
+def test_gsm8k_target_is_the_worked_solution(mirror):
+    spec = load_task("gsm8k")
+    example = load_examples(spec, "train", mirror, limit=1)[0]
+    target = target_text(spec, example)
+    assert target.rstrip().endswith(f"#### {example.answer}") and "<<" not in target
+    assert float(example.answer.replace(",", "")) == float(example.answer)
 
 
 def test_arc_numeric_labels_are_relettered(tmp_path):
@@ -66,40 +76,6 @@ def test_unknown_task_lists_known_ones():
 
 
 # --- user tasks --------------------------------------------------------------------------------
-
-
-def write_user_task(tmp_path: Path, rows: list, fmt: str = "jsonl", **overrides) -> Path:
-    data = tmp_path / f"test.{fmt}"
-    if fmt == "jsonl":
-        data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    else:
-        import pandas as pd
-
-        frame = pd.DataFrame(rows)
-        frame.to_csv(data, index=False) if fmt == "csv" else frame.to_parquet(data)
-    spec = {
-        "name": "capitals",
-        "dataset": {
-            "path": "local/capitals",
-            "eval_split": "test",
-            "tune_split": "test",
-            "fewshot_split": "test",
-            "data_files": {"test": data.name},
-        },
-        "answer_format": "multiple_choice",
-        "fields": {"question": "q", "choices": "[a, b]", "answer": "gold"},
-        "template": "Question: {{ question }}\n{{ options }}\nAnswer:",
-        "cloze_template": "Question: {{ question }}\nAnswer:",
-        "target": " {{ letter }}",
-        "stop": ["\n"],
-        "max_new_tokens": 4,
-    } | overrides
-    path = tmp_path / "capitals.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-ROWS = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])

@@ -1,11 +1,12 @@
 """softeval: LLM benchmark evaluation that separates format-following from knowledge."""
 
-from softeval.data import Example, load_examples
+from softeval.data import load_examples
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult, evaluate
+from softeval.formats import FORMATS, Example
 from softeval.export import export_peft
 from softeval.models import ALIASES, LoadedModel, load_model, prepare_alias
-from softeval.softprompt import initial_vectors, load_soft_prompt, save_soft_prompt
+from softeval.softprompt import SoftPrompt, initial_vectors, load_soft_prompt, save_soft_prompt
 from softeval.study import run_study
 from softeval.task import TaskSpec, builtin_tasks, load_task
 from softeval.tune import TuneConfig, sweep, tune
@@ -15,7 +16,9 @@ __all__ = [
     "METHODS",
     "EvalResult",
     "Example",
+    "FORMATS",
     "LoadedModel",
+    "SoftPrompt",
     "SoftevalError",
     "TaskSpec",
     "TuneConfig",

@@ -71,7 +71,7 @@ def eval_command(
         use_chat = chat and lm.post_trained
         if chat and not use_chat:
             logging.getLogger("softeval").warning("%s has no chat template: evaluated without --chat", lm.name)
-        soft = load_soft_prompt(prompt, lm)[0] if prompt is not None else None
+        soft = load_soft_prompt(prompt) if prompt is not None else None
         for spec in specs:
             for m in method:
                 result = evaluate(
@@ -156,7 +156,7 @@ def tune_command(
     else:
         summary = tune(lm, spec, config, output=output, data_dir=data_dir, resume=resume)
     if export_peft_to is not None:
-        export_peft(load_soft_prompt(output, lm)[0], lm, export_peft_to)
+        export_peft(load_soft_prompt(output).vectors, lm, export_peft_to)
         stdout.print(f"wrote PEFT adapter {export_peft_to}", highlight=False)
     final = summary["final"]
     stdout.print(

@@ -8,52 +8,19 @@ reported by file and line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
-import string
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from jinja2 import TemplateError, Undefined, UndefinedError
 
 from softeval.errors import SoftevalError
+from softeval.formats import AnswerFormat, Example
 from softeval.task import TaskSpec, compile_fields
 
 DATA_ENV = "SOFTEVAL_DATA_DIR"
-LETTERS = string.ascii_uppercase
-
-
-@dataclass
-class Example:
-    """One benchmark item, with the values scoring needs already pulled out of its row."""
-
-    index: int  # position in its split
-    source: str  # "file:line" or "hub:split[index]", for error messages and sample logs
-    row: dict
-    question: str
-    answer: str  # the gold answer: an option letter, a number, or the canonical short answer
-    choices: list[str] | None = None
-    answer_index: int | None = None
-    aliases: list[str] = field(default_factory=list)
-    solution: str | None = None
-
-    @property
-    def letters(self) -> list[str]:
-        return list(LETTERS[: len(self.choices or [])])
-
-    def template_values(self) -> dict:
-        """What prompt and target templates can refer to: the row's own fields plus ours."""
-        values = dict(self.row)
-        values.update(question=self.question, answer=self.answer, aliases=self.aliases, solution=self.solution)
-        if self.choices is not None:
-            values.update(
-                choices=self.choices,
-                letters=self.letters,
-                letter=self.answer,
-                options="\n".join(f"{l}. {c}" for l, c in zip(self.letters, self.choices)),
-            )
-        return values
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -76,8 +43,8 @@ def load_examples(
     indices = range(len(rows))
     if limit is not None and limit < len(rows):
         indices = sorted(random.Random(seed).sample(indices, limit))
-    extract = compile_fields(spec)
-    return [_to_example(spec, extract, i, *rows[i]) for i in indices]
+    extract, answer_format = compile_fields(spec), spec.format
+    return [_to_example(spec, answer_format, extract, i, *rows[i]) for i in indices]
 
 
 def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) -> list[tuple[dict, str]]:
@@ -99,6 +66,28 @@ def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) ->
 
 def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
     return root / spec.dataset.path / (spec.dataset.config or "default") / f"{split}.jsonl"
+
+
+def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
+    """Which data a split was read from: the spec's hash, the file and its sha256 (or the hub path)."""
+    identity = {"task": spec.name, "task_spec": spec.source_file, "spec_sha256": spec.sha256(), "split": split}
+    ds = spec.dataset
+    root = resolve_data_dir(data_dir)
+    if ds.data_files is not None and split in ds.data_files:
+        path = Path(spec.source_file).parent / ds.data_files[split]
+    elif root is not None:
+        path = mirror_path(spec, split, root)
+    else:
+        return identity | {"source": f"hub:{ds.path}/{ds.config}"}
+    return identity | {"source": str(path.resolve()), "sha256": _file_sha256(path)}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | None]:
@@ -166,7 +155,7 @@ def _read_hub(spec: TaskSpec, split: str) -> list[tuple[dict, str]]:
     return [(row, f"{name}[{i}]") for i, row in enumerate(table)]
 
 
-def _to_example(spec: TaskSpec, extract: dict, index: int, row: dict, source: str) -> Example:
+def _to_example(spec: TaskSpec, answer_format: AnswerFormat, extract: dict, index: int, row: dict, source: str) -> Example:
     values = {}
     for name, fn in extract.items():
         try:
@@ -175,30 +164,7 @@ def _to_example(spec: TaskSpec, extract: dict, index: int, row: dict, source: st
             raise SoftevalError(f"{source}: cannot compute field '{name}' ({spec.fields[name]}): {exc}") from exc
         if _has_undefined(values[name]):
             raise SoftevalError(f"{source}: cannot compute field '{name}' ({spec.fields[name]}): the row lacks a field it uses")
-    question = values["question"]
-    if not isinstance(question, str) or not question.strip():
-        raise SoftevalError(f"{source}: field 'question' is empty or not text")
-    example = Example(index=index, source=source, row=row, question=question, answer="")
-    if spec.answer_format == "multiple_choice":
-        choices, gold = values["choices"], values["answer"]
-        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-            raise SoftevalError(f"{source}: field 'choices' must be a list of at least two strings")
-        if len(choices) > len(LETTERS):
-            raise SoftevalError(f"{source}: {len(choices)} options; at most {len(LETTERS)} are supported")
-        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
-            raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
-        example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]
-    else:
-        answer = values["answer"]
-        if not isinstance(answer, str | int | float) or not str(answer).strip():
-            raise SoftevalError(f"{source}: field 'answer' is empty")
-        example.answer = str(answer).strip()
-        aliases = values.get("aliases") or []
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise SoftevalError(f"{source}: field 'aliases' must be a list of strings")
-        example.aliases = list(dict.fromkeys([example.answer, *aliases]))
-        example.solution = values.get("solution")
-    return example
+    return answer_format.example(values, index=index, source=source, row=row)
 
 
 def _has_undefined(value) -> bool:

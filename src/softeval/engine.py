@@ -35,9 +35,10 @@ class SharedPrefix:
 
 @dataclass
 class Completion:
-    text: str  # cut before the first stop string
+    text: str  # cut before the first stop string that follows the answer's first character
     tokens: list[int]  # every generated token, the stop string's included (EOS excluded)
     stop_reason: str  # "stop", "eos" or "length"
+    raw: str = ""  # every generated token decoded, nothing cut
 
 
 class Engine:
@@ -51,14 +52,18 @@ class Engine:
         self.lm = lm
         self.soft_prompt = soft_prompt
         self.model = lm.model
-        self.decoder = lm.model.base_model  # the transformer without its LM head
+        # Multimodal wrappers (Gemma 3 of 4B and up loads as Gemma3ForConditionalGeneration) keep
+        # the text decoder's settings under a text config and the decoder itself inside the
+        # wrapper; for plain causal LMs both are the model's own config and base model.
+        self.text_config = lm.model.config.get_text_config()
+        self.decoder = lm.model.get_decoder()  # the text transformer without its LM head
         self.batch_size = batch_size
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
         # Sliding-window attention counts cache slots, not positions: padding in the middle of a
         # row (the shared-prefix layout) would take window slots once a row outgrows the window.
-        self.window = getattr(lm.model.config, "sliding_window", None)
-        softcap = getattr(lm.model.config, "final_logit_softcapping", None)
+        self.window = getattr(self.text_config, "sliding_window", None)
+        softcap = getattr(self.text_config, "final_logit_softcapping", None)
         self.softcap = float(softcap) if softcap else None
         # positions run through the transformer and through the LM head, padding included:
         # the work actually done, for throughput figures
@@ -155,14 +160,16 @@ class Engine:
                 own_states[r] = hidden[k, : len(continuations[r]) - 1]
         rows, targets = [], []
         for r, option in enumerate(continuations):
-            rows.append(first[r : r + 1])
+            if option:  # an option that tokenises to nothing has no token to score
+                rows.append(first[r : r + 1])
             if r in own_states:
                 rows.append(own_states[r])
             targets.extend(option)
-        scores = self._token_logprobs(torch.cat(rows), torch.tensor(targets, device=self.device))
+        scores = self._token_logprobs(torch.cat(rows), torch.tensor(targets, device=self.device)) if targets else None
         per_option, start = [], 0
         for option in continuations:
-            per_option.append(float(scores[start : start + len(option)].sum()))
+            # nothing to score can never be the likeliest option
+            per_option.append(float(scores[start : start + len(option)].sum()) if option else float("-inf"))
             start += len(option)
         grouped, start = [], 0
         for c in clozes:
@@ -190,7 +197,7 @@ class Engine:
         if shared < MIN_SHARED_PREFIX or outgrows_window:
             return None
         embeds, mask, positions = self.inputs([sequences[0][:shared]])
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.text_config)
         self._forward(embeds, mask, positions, cache)
         return SharedPrefix(shared, cache, mask, positions)
 
@@ -201,7 +208,7 @@ class Engine:
         With a shared prefix, each row starts from a copy of its cache and only the row's own
         tokens are encoded, left-padded in between, with positions continuing from the prefix."""
         if prefix is None:
-            cache = DynamicCache(config=self.model.config)
+            cache = DynamicCache(config=self.text_config)
             embeds, mask, positions = self.inputs(sequences)
             return self._forward(embeds, mask, positions, cache)[:, -1], mask, positions, cache
         cache = _select_rows(prefix.cache, torch.zeros(len(sequences), dtype=torch.long, device=self.device))
@@ -245,7 +252,9 @@ class Engine:
         if soft is not None:
             # row by row the soft positions are consecutive, so they take soft[0..L-1] in order
             slots = is_soft.to(self.device)
-            embeds = embeds.masked_scatter(slots[..., None], soft.to(embeds.dtype).repeat(len(sequences), 1))
+            # cast where used, not once: during tuning the prompt changes in place between calls
+            soft = soft.to(device=embeds.device, dtype=embeds.dtype)
+            embeds = embeds.masked_scatter(slots[..., None], soft.repeat(len(sequences), 1))
         return embeds, mask.to(self.device), positions.to(self.device)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -304,15 +313,16 @@ class _Decoder:
         for slot, i in enumerate(pool.rows):
             token, generated = int(pool.next_tokens[slot]), self.generated[i]
             if token in self.eos:
-                self.results[i] = Completion(decode(generated, skip_special_tokens=True), generated, "eos")
+                text = decode(generated, skip_special_tokens=True)
+                self.results[i] = Completion(text, generated, "eos", raw=text)
                 continue
             generated.append(token)
             text = decode(generated, skip_special_tokens=True)
             cut = _first_stop(text, self.stop)
             if cut is not None:
-                self.results[i] = Completion(text[:cut], generated, "stop")
+                self.results[i] = Completion(text[:cut], generated, "stop", raw=text)
             elif len(generated) == self.max_new_tokens:
-                self.results[i] = Completion(text, generated, "length")
+                self.results[i] = Completion(text, generated, "length", raw=text)
             else:
                 keep.append(slot)
         advance(len(pool.rows) - len(keep))
@@ -369,5 +379,8 @@ def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:
-    cuts = [text.find(s) for s in stop if s and s in text]
+    """Where the first stop string begins, counting only stop strings after the first
+    non-whitespace character: a base model that answers "\nParis" is not cut to nothing."""
+    begin = len(text) - len(text.lstrip())
+    cuts = [at for s in stop if s and (at := text.find(s, begin)) >= 0]
     return min(cuts) if cuts else None

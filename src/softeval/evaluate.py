@@ -1,11 +1,10 @@
 """One evaluation cell: a model, a task and a method, from examples to metrics and sample logs.
 
-    spec -> examples -> prompts -> engine (generate, loglikelihood) -> parsers -> metrics -> files
+    spec -> examples -> prompts -> engine (generate, loglikelihood) -> answer format -> metrics -> files
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import platform
 import time
@@ -18,14 +17,15 @@ from typing import Literal
 import torch
 
 from softeval._io import write_json_atomic, write_jsonl_atomic
-from softeval.data import Example, load_examples, mirror_path, resolve_data_dir
+from softeval.data import data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
-from softeval.metrics import Metric, aggregate, score_sample
+from softeval.formats import Example
+from softeval.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.models import LoadedModel
-from softeval.parsers import parser_for
 from softeval.progress import progress_bar
 from softeval.prompts import PromptBuilder, choose_demos
+from softeval.softprompt import SoftPrompt
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
@@ -38,17 +38,19 @@ METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt")
 class EvalResult:
     config: dict
     metrics: dict[str, Metric]
-    samples: list[dict]
+    samples: list[Sample]
     model: dict
     data: dict
     timings: dict[str, float]
     n_truncated: int
+    diagnostics: Diagnostics | None = None
     versions: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
             "config": self.config,
             "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
+            "diagnostics": self.diagnostics.model_dump() if self.diagnostics else None,
             "n_examples": len(self.samples),
             "n_truncated_prompts": self.n_truncated,
             "model": self.model,
@@ -61,7 +63,7 @@ class EvalResult:
     def save(self, folder: str | Path) -> Path:
         """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
         folder = Path(folder)
-        write_jsonl_atomic(folder / "samples.jsonl", self.samples)
+        write_jsonl_atomic(folder / "samples.jsonl", [s.model_dump() for s in self.samples])
         write_json_atomic(folder / "results.json", self.to_json())
         return folder
 
@@ -73,7 +75,7 @@ def evaluate(
     *,
     chat: bool = False,
     k: int = 5,
-    soft_prompt: torch.Tensor | None = None,
+    soft_prompt: SoftPrompt | torch.Tensor | None = None,
     limit: int | None = None,
     seed: int = 0,
     data_dir: str | Path | None = None,
@@ -81,22 +83,29 @@ def evaluate(
     progress: bool = True,
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
-    multiple-choice knowledge. `soft-prompt` needs the tuned vectors in `soft_prompt`."""
+    multiple-choice knowledge. `soft-prompt` needs a tuned prompt in `soft_prompt`: a `SoftPrompt`
+    (checked against the model, task and chat mode) or bare vectors (recorded by their hash)."""
     if method not in METHODS:
         raise SoftevalError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
     if chat and not lm.post_trained:
         raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
     if (method == "soft-prompt") != (soft_prompt is not None):
         raise SoftevalError("the soft-prompt method needs a tuned prompt (--prompt PATH), and only it takes one")
+    if isinstance(soft_prompt, torch.Tensor):
+        soft_prompt = SoftPrompt(soft_prompt, {})  # bare vectors: no provenance to check
+        soft_prompt.check_shape(lm)
+    elif soft_prompt is not None:
+        soft_prompt.check(lm, spec, chat)
+    vectors = None if soft_prompt is None else soft_prompt.vectors
     started = time.perf_counter()
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     shots = k if method == "few-shot" else 0
     demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed) if shots else []
-    n_soft = 0 if soft_prompt is None else soft_prompt.shape[0]
+    n_soft = 0 if vectors is None else vectors.shape[0]
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
-    engine = Engine(lm, batch_size=batch_size, soft_prompt=soft_prompt)
+    engine = Engine(lm, batch_size=batch_size, soft_prompt=vectors)
     samples, timings = run_examples(spec, examples, builder, engine, f"{lm.name} {spec.name} {method}", progress)
-    n_truncated = sum(s["truncated"] for s in samples)
+    n_truncated = sum(s.truncated for s in samples)
     if n_truncated:
         log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
     timings["total"] = time.perf_counter() - started
@@ -107,6 +116,7 @@ def evaluate(
         "chat": chat,
         "k": shots,
         "soft_prompt_length": n_soft,
+        "soft_prompt": None if soft_prompt is None else soft_prompt.identity(),
         "limit": limit,
         "seed": seed,
         "batch_size": batch_size,
@@ -114,21 +124,25 @@ def evaluate(
         "max_new_tokens": spec.max_new_tokens,
         "stop": spec.stop,
     }
+    metrics = aggregate(samples, seed=seed)
+    answer_format = spec.format
+    chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
     return EvalResult(
         config=config,
-        metrics=aggregate(samples, seed=seed),
+        metrics=metrics,
         samples=samples,
         model=lm.identity,
         data=data_identity(spec, spec.dataset.eval_split, data_dir),
         timings={k: round(v, 3) for k, v in timings.items()},
         n_truncated=n_truncated,
+        diagnostics=diagnose(samples, metrics["task_accuracy"], chance),
         versions=package_versions(),
     )
 
 
 def run_examples(
     spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine, label: str, progress: bool = True
-) -> tuple[list[dict], dict[str, float]]:
+) -> tuple[list[Sample], dict[str, float]]:
     """Generate and score every example; returns the sample records and the time each stage took."""
     tick = time.perf_counter()
     prompts = [builder.generation(ex) for ex in examples]
@@ -145,43 +159,27 @@ def run_examples(
             loglikelihoods = engine.loglikelihood(clozes, advance)
         timings["loglikelihood"] = time.perf_counter() - tick
 
-    parser = parser_for(spec.answer_format, spec.max_answer_words)
+    answer_format = spec.format
     samples = []
     for i, (example, prompt, completion) in enumerate(zip(examples, prompts, completions)):
-        scored = score_sample(parser, example, completion.text, loglikelihoods[i] if loglikelihoods else None)
-        samples.append(
-            {
-                "index": example.index,
-                "source": example.source,
-                "prompt": prompt.text,
-                "n_demos": prompt.n_demos,
-                "truncated": prompt.truncated or bool(clozes and clozes[i].truncated),
-                "completion": completion.text,
-                "stop_reason": completion.stop_reason,
-                "gold": example.answer,
-                **({"choices": example.choices} if example.choices else {}),
-                **scored,
-            }
+        judgement = score_sample(answer_format, example, completion.text, loglikelihoods[i] if loglikelihoods else None)
+        sample = Sample(
+            index=example.index,
+            source=example.source,
+            prompt=prompt.text,
+            n_demos=prompt.n_demos,
+            truncated=prompt.truncated or bool(clozes and clozes[i].truncated),
+            raw_completion=completion.raw,
+            completion=completion.text,
+            stop_reason=completion.stop_reason,
+            gold=example.answer,
+            choices=example.choices,
+            **judgement.model_dump(),
         )
+        samples.append(sample)
     return samples, timings
-
-
-def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
-    identity = {"task_spec": spec.source_file, "spec_sha256": _sha256_text(spec.model_dump_json()), "split": split}
-    root = resolve_data_dir(data_dir)
-    if spec.dataset.data_files is not None:
-        path = Path(spec.source_file).parent / spec.dataset.data_files[split]
-    elif root is not None:
-        path = mirror_path(spec, split, root)
-    else:
-        return identity | {"source": f"hub:{spec.dataset.path}/{spec.dataset.config}"}
-    return identity | {"source": str(path.resolve()), "sha256": _sha256_text(path.read_bytes())}
 
 
 def package_versions() -> dict:
     names = ("softeval", "torch", "transformers", "datasets")
     return {"python": platform.python_version(), **{n: version(n) for n in names}}
-
-
-def _sha256_text(data: str | bytes) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

@@ -1,4 +1,5 @@
-"""Scoring: per-sample judgements and the five metrics with 95% bootstrap confidence intervals.
+"""Scoring: per-sample judgements, the five metrics with 95% bootstrap confidence intervals, and the
+diagnostics that say when a score means nothing.
 
 | metric               | share of examples that ...                                        |
 | format_following     | the strict parser accepts                                         |
@@ -11,54 +12,125 @@
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections import Counter
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 from scipy.stats import bootstrap
 
-from softeval.data import Example
-from softeval.parsers import AnswerParser
+from softeval.formats import AnswerFormat, Example, Status
 
 METRICS = ("format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge")
+COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) marks a collapsed cell
+COLLAPSE_MIN_ANSWERS = 10  # fewer strict answers than this say too little to call a collapse
 
 
 class Metric(BaseModel):
     value: float | None  # None where undefined (conditional accuracy with no formatted answer)
-    ci_low: float | None
+    ci_low: float | None  # None where undefined (fewer than two examples)
     ci_high: float | None
 
 
+class Judgement(BaseModel):
+    """What the parsers read in one completion and what counts as correct; the extracted answer
+    is kept apart from the verdict."""
+
+    strict_answer: str | None
+    strict_failure: str | None  # why the completion does not follow the format
+    lenient_answer: str | None
+    lenient_status: Status  # answer, no_answer, ambiguous or conflict
+    lenient_note: str | None
+    format_ok: bool
+    task_correct: bool
+    lenient_correct: bool
+    knowledge_correct: bool
+    # per option; None for an option that tokenises to nothing (it can never win knowledge)
+    option_loglikelihoods: list[float | None] | None = None
+
+
+class Sample(Judgement):
+    """One line of samples.jsonl: the example, what the model saw and wrote, and the judgement."""
+
+    index: int
+    source: str
+    prompt: str  # the text fed to the model, after any shortening
+    n_demos: int
+    truncated: bool
+    raw_completion: str  # every generated token, decoded: stop string and all
+    completion: str  # what the parsers judged: cut at the first stop string after the answer begins
+    stop_reason: str
+    gold: str
+    choices: list[str] | None = None
+
+
+class Diagnostics(BaseModel):
+    """When a cell's score means little: answers collapsed onto one option, accuracy at chance,
+    empty or ambiguous answers."""
+
+    n: int
+    chance: float | None = None  # multiple choice: mean of 1 / number of options
+    answer_distribution: dict[str, int] | None = None  # strict answers; "none" counts failures
+    most_common_answer: str | None = None
+    most_common_share: float | None = None  # of all strict answers
+    most_common_accuracy: float | None = None  # accuracy of always giving the most common answer
+    empty_share: float
+    ambiguous_share: float  # lenient reading names several candidates
+    conflict_share: float  # letter and option text disagree
+    at_chance: bool = False  # task accuracy not above chance by its confidence interval
+    collapsed: bool = False
+
+    @computed_field
+    @property
+    def flags(self) -> list[str]:
+        flags = []
+        if self.at_chance:
+            flags.append(f"at chance ({100 * (self.chance or 0):.0f}%)")
+        if self.collapsed:
+            flags.append(f"collapsed: {self.most_common_answer} {100 * (self.most_common_share or 0):.0f}%")
+        return flags
+
+
 def score_sample(
-    parser: AnswerParser, example: Example, completion: str, option_loglikelihoods: list[float] | None
-) -> dict:
-    """Everything the sample log records about one example, with its metric judgements."""
-    strict = parser.strict(completion, example)
-    lenient = parser.lenient(completion, example)
-    record = {
-        "strict_answer": strict.answer,
-        "strict_failure": strict.failure,
-        "lenient_answer": lenient,
-        "format_ok": strict.answer is not None,
-        "task_correct": strict.answer is not None and parser.is_correct(strict.answer, example),
-        "lenient_correct": parser.is_correct(lenient, example),
-    }
-    if option_loglikelihoods is None:
-        record["knowledge_correct"] = record["lenient_correct"]
-    else:
-        lengths = np.array([max(len(c), 1) for c in example.choices], dtype=float)
-        normalised = np.array(option_loglikelihoods) / lengths
-        record["option_loglikelihoods"] = option_loglikelihoods
-        record["knowledge_correct"] = int(np.argmax(normalised)) == example.answer_index
-    return record
+    answer_format: AnswerFormat, example: Example, completion: str, option_loglikelihoods: list[float] | None
+) -> Judgement:
+    """The judgement of one completion; knowledge from option loglikelihoods where the format has options."""
+    strict = answer_format.strict(completion, example)
+    lenient = answer_format.lenient(completion, example)
+    lenient_correct = answer_format.is_correct(lenient.answer, example)
+    judgement = dict(
+        strict_answer=strict.answer,
+        strict_failure=None if strict.answer is not None else strict.note or strict.status,
+        lenient_answer=lenient.answer,
+        lenient_status=lenient.status,
+        lenient_note=lenient.note,
+        format_ok=strict.answer is not None,
+        task_correct=answer_format.is_correct(strict.answer, example),
+        lenient_correct=lenient_correct,
+        knowledge_correct=lenient_correct,
+    )
+    if option_loglikelihoods is not None:
+        judgement["knowledge_correct"] = _cloze_pick(option_loglikelihoods, example.choices or []) == example.answer_index
+        judgement["option_loglikelihoods"] = [x if math.isfinite(x) else None for x in option_loglikelihoods]
+    return Judgement(**judgement)
 
 
-def aggregate(samples: list[dict], *, seed: int = 0, n_resamples: int = 1000) -> dict[str, Metric]:
-    """Point values and percentile-bootstrap 95% intervals, resampling examples jointly."""
-    columns = [np.array([s[k] for s in samples], dtype=float) for k in ("format_ok", "task_correct", "lenient_correct", "knowledge_correct")]
+def _cloze_pick(loglikelihoods: list[float], choices: list[str]) -> int | None:
+    """The option with the highest loglikelihood per character (lm-eval's acc_norm); None when no
+    option could be scored."""
+    normalised = [ll / max(len(c), 1) for ll, c in zip(loglikelihoods, choices)]
+    best = max(range(len(normalised)), key=normalised.__getitem__)
+    return best if math.isfinite(normalised[best]) else None
+
+
+def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 1000) -> dict[str, Metric]:
+    """Point values and percentile-bootstrap 95% intervals, resampling examples jointly across metrics."""
+    names = ("format_ok", "task_correct", "lenient_correct", "knowledge_correct")
+    columns = [np.array([getattr(s, k) for s in samples], dtype=float) for k in names]
     values = _statistic(*[c[None, :] for c in columns], axis=-1)[:, 0]
-    if len(samples) < 2:
-        low = high = values
+    if len(samples) < 2:  # no spread to resample: the interval is undefined
+        low = high = np.full_like(values, np.nan)
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # constant or all-undefined columns are expected here
@@ -78,6 +150,35 @@ def aggregate(samples: list[dict], *, seed: int = 0, n_resamples: int = 1000) ->
         name: Metric(value=_clean(v), ci_low=_clean(lo), ci_high=_clean(hi))
         for name, v, lo, hi in zip(METRICS, values, low, high)
     }
+
+
+def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None) -> Diagnostics:
+    """Answer distribution, collapse and chance for multiple choice (`chance` given); empty and
+    ambiguous shares for every format."""
+    n = len(samples)
+    share = lambda count: round(count / n, 6) if n else 0.0  # noqa: E731
+    empty = sum(not s.completion.strip() for s in samples)
+    diagnostics = Diagnostics(
+        n=n,
+        empty_share=share(empty),
+        ambiguous_share=share(sum(s.lenient_status == "ambiguous" for s in samples)),
+        conflict_share=share(sum(s.lenient_status == "conflict" for s in samples)),
+    )
+    if chance is None:
+        return diagnostics
+    answers = Counter(s.strict_answer for s in samples if s.strict_answer is not None)
+    distribution = dict(sorted(answers.items())) | {"none": n - sum(answers.values())}
+    diagnostics.chance = round(chance, 6)
+    diagnostics.answer_distribution = distribution
+    if answers:
+        top, count = answers.most_common(1)[0]
+        diagnostics.most_common_answer = top
+        diagnostics.most_common_share = round(count / sum(answers.values()), 6)
+        diagnostics.most_common_accuracy = share(sum(s.gold == top for s in samples))
+        diagnostics.collapsed = diagnostics.most_common_share > COLLAPSE_SHARE and sum(answers.values()) >= COLLAPSE_MIN_ANSWERS
+    bound = task_accuracy.ci_low if task_accuracy.ci_low is not None else task_accuracy.value
+    diagnostics.at_chance = bound is not None and bound <= chance
+    return diagnostics
 
 
 def _statistic(format_ok, task_correct, lenient_correct, knowledge_correct, axis=-1):

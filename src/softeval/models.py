@@ -195,15 +195,18 @@ def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | No
     bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
     eos = _eos_ids(model, tokenizer)
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    context = getattr(model.config, "max_position_embeddings", None) or 2048
+    # a multimodal wrapper's own config lacks the text settings: they are in its text config
+    text_config = model.config.get_text_config()
+    context = getattr(text_config, "max_position_embeddings", None) or 2048
     n_params = sum(p.numel() for p in model.parameters())
     identity = {
         "spec": spec,
-        "model_type": model.config.model_type,
+        "model_type": text_config.model_type,
         "n_parameters": n_params,
         "vocab_size": model.get_input_embeddings().weight.shape[0],
         "hidden_size": model.get_input_embeddings().weight.shape[1],
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "config_sha256": config_sha256(model.config),
         **source,
     }
     return LoadedModel(
@@ -216,6 +219,23 @@ def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | No
         context_length=int(context),
         identity=identity,
     )
+
+
+# config entries that say where or how a model was loaded, not what it is
+_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache"}
+
+
+def config_sha256(config) -> str:
+    """Identity of a model's architecture and settings, wherever and in whichever dtype it was loaded."""
+
+    def settings(d: dict) -> dict:  # nested configs (a multimodal model's text_config) too
+        return {
+            k: settings(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if k not in _VOLATILE_CONFIG_KEYS and not str(k).startswith("_attn")
+        }
+
+    return hashlib.sha256(json.dumps(settings(config.to_dict()), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -156,5 +156,7 @@ class PromptBuilder:
             return prompt
         keep = 1 if self.lm.bos_token_id is not None else 0
         prompt.ids = prompt.ids[:keep] + prompt.ids[len(prompt.ids) - self.budget + keep :]
+        # the log shows what the model read: the kept tokens, not the text before shortening
+        prompt.text = self.lm.tokenizer.decode(prompt.ids[keep:], skip_special_tokens=False)
         prompt.truncated = True
         return prompt

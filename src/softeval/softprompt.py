@@ -7,7 +7,9 @@ embeddings (Gemma multiplies by sqrt(hidden)) start from vectors of the right si
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +19,7 @@ from safetensors.torch import save_file
 
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
+from softeval.task import TaskSpec
 
 Init = Literal["vocab", "text", "random"]
 
@@ -46,6 +49,74 @@ def initial_vectors(lm: LoadedModel, length: int, init: Init = "vocab", text: st
     return vectors.detach().float().clone()
 
 
+@dataclass
+class SoftPrompt:
+    """Tuned vectors with the record of their making: model, task, chat mode, data and settings."""
+
+    vectors: torch.Tensor  # (L, hidden)
+    metadata: dict
+    path: Path | None = None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.vectors.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+    def identity(self) -> dict:
+        """What results.json records about the prompt a cell used."""
+        meta = self.metadata
+        return {
+            "path": str(self.path.resolve()) if self.path else None,
+            "sha256": self.sha256,
+            "length": self.vectors.shape[0],
+            "task": meta.get("task"),
+            "chat": meta.get("chat"),
+            "produced": meta.get("produced"),
+        }
+
+    @property
+    def name(self) -> str:
+        return f"soft prompt {self.path}" if self.path else "the soft prompt"
+
+    def check_shape(self, lm: LoadedModel) -> None:
+        if self.vectors.ndim != 2 or self.vectors.shape[1] != lm.hidden_size:
+            raise SoftevalError(
+                f"{self.name} has shape {tuple(self.vectors.shape)} but model {lm.name} takes "
+                f"(L, {lm.hidden_size}); tune a prompt for this model"
+            )
+
+    def check(self, lm: LoadedModel, spec: TaskSpec, chat: bool) -> None:
+        """A clear error when the prompt was tuned for another model, task or chat mode."""
+        where = self.name
+        self.check_shape(lm)
+        differs = model_difference(self.metadata.get("model", {}), lm.identity)
+        if differs:
+            raise SoftevalError(
+                f"{where} was tuned for model '{self.metadata.get('model', {}).get('spec')}', "
+                f"not '{lm.identity['spec']}' ({differs} differs); tune a prompt for this model"
+            )
+        task = self.metadata.get("task")
+        if not isinstance(task, dict):
+            raise SoftevalError(f"{where} does not record its task (written by an older softeval); tune it again")
+        if task.get("name") != spec.name:
+            raise SoftevalError(f"{where} was tuned for task '{task.get('name')}', not '{spec.name}'; tune a prompt for this task")
+        if task.get("spec_sha256") != spec.sha256():
+            raise SoftevalError(f"{where} was tuned on another version of task '{spec.name}' (its spec changed); tune it again")
+        if bool(self.metadata.get("chat")) != chat:
+            tuned = "with" if self.metadata.get("chat") else "without"
+            raise SoftevalError(
+                f"{where} was tuned {tuned} the chat template; evaluate {tuned} --chat or tune a prompt for this mode"
+            )
+
+
+# Model identity keys that must agree for a prompt to be used (dtype and device may differ).
+MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config_sha256", "gguf_sha256", "folder", "hub_id", "gguf")
+
+
+def model_difference(made_for: dict, model: dict) -> str | None:
+    """The first identity key on which two models differ, or None when they are the same model."""
+    return next((k for k in MODEL_KEYS if made_for.get(k) != model.get(k)), None)
+
+
 def save_soft_prompt(path: Path, vectors: torch.Tensor, metadata: dict) -> None:
     """safetensors with string metadata (model identity, task, config, steps, metrics as JSON)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,8 +125,8 @@ def save_soft_prompt(path: Path, vectors: torch.Tensor, metadata: dict) -> None:
     tmp.replace(path)
 
 
-def load_soft_prompt(path: str | Path, lm: LoadedModel | None = None) -> tuple[torch.Tensor, dict]:
-    """The vectors and their metadata; with `lm`, checks the prompt was made for that model."""
+def load_soft_prompt(path: str | Path) -> SoftPrompt:
+    """The vectors and the record of their making, from a file or the folder `softeval tune` wrote."""
     path = Path(path)
     if path.is_dir():
         path = path / "soft_prompt.safetensors"
@@ -67,17 +138,4 @@ def load_soft_prompt(path: str | Path, lm: LoadedModel | None = None) -> tuple[t
             metadata = json.loads((f.metadata() or {}).get("softeval", "{}"))
     except Exception as exc:  # noqa: BLE001 - a corrupt file can fail in several ways
         raise SoftevalError(f"cannot read soft prompt {path}: {str(exc)[:200]}") from exc
-    if lm is not None:
-        made_for = metadata.get("model", {})
-        if vectors.shape[1] != lm.hidden_size:
-            raise SoftevalError(
-                f"soft prompt {path} has hidden size {vectors.shape[1]} but model {lm.name} has {lm.hidden_size}; "
-                "tune a prompt for this model"
-            )
-        keys = ("model_type", "n_parameters", "vocab_size")
-        if made_for and any(made_for.get(k) != lm.identity.get(k) for k in keys):
-            raise SoftevalError(
-                f"soft prompt {path} was tuned for model '{made_for.get('spec')}', not '{lm.identity['spec']}'; "
-                "tune a prompt for this model"
-            )
-    return vectors, metadata
+    return SoftPrompt(vectors, metadata, path)

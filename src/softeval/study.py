@@ -15,9 +15,9 @@ from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult, evaluate
 from softeval.models import load_model
 from softeval.report import write_comparison
-from softeval.softprompt import load_soft_prompt
+from softeval.softprompt import SoftPrompt, load_soft_prompt
 from softeval.task import load_task
-from softeval.tune import TuneConfig, checkpoint_config, sweep, tune
+from softeval.tune import TuneConfig, checkpoint_config, provenance, provenance_difference, sweep, sweep_record, tune
 
 log = logging.getLogger("softeval")
 
@@ -73,25 +73,22 @@ def run_study(
     return results
 
 
-def _tuned_prompt(lm, spec, config: TuneConfig, folder: Path, data_dir, sweep_grid: bool, sweep_steps: int, progress: bool):
-    """The soft prompt for this cell: reused when a finished one with the same settings exists."""
+def _tuned_prompt(lm, spec, config: TuneConfig, folder: Path, data_dir, sweep_grid: bool, sweep_steps: int, progress: bool) -> SoftPrompt:
+    """The soft prompt for this cell: reused when a finished one with the same provenance (model,
+    task spec, chat mode, data, settings, plain or swept) exists, tuned otherwise."""
     path = folder / "soft_prompt.safetensors"
+    wanted = provenance(lm, spec, config, data_dir, sweep_record(sweep_steps) if sweep_grid else {"by": "tune"})
     if path.exists():
-        vectors, meta = load_soft_prompt(path, lm)
-        saved = TuneConfig.model_validate(meta.get("config", {}))
-        if _same_run(saved, config, sweep_grid):
+        saved = load_soft_prompt(path)
+        changed = provenance_difference(saved.metadata, wanted, sweep=sweep_grid)
+        if changed is None:
             log.info("reusing %s", path)
-            return vectors
+            return saved
+        log.warning("tuning %s again: its %s changed", path, changed)
     if sweep_grid:
         sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
     else:
         # an interrupted tuning run with the same settings continues where it stopped
         resume = checkpoint_config(folder / "checkpoint.safetensors") == config
         tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress)
-    return load_soft_prompt(path, lm)[0]
-
-
-def _same_run(saved: TuneConfig, wanted: TuneConfig, sweep_grid: bool) -> bool:
-    # a sweep chooses lr and init itself, so those are not compared
-    ignore = {"lr", "init"} if sweep_grid else set()
-    return saved.model_dump(exclude=ignore) == wanted.model_dump(exclude=ignore)
+    return load_soft_prompt(path)

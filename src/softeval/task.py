@@ -8,27 +8,18 @@ Built-in specs live in `softeval/tasks/*.yaml`; a user spec is any YAML file of 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
-
 import yaml
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from softeval.errors import SoftevalError
-
-AnswerFormat = Literal["multiple_choice", "number", "short_answer"]
-
-# Values each answer format needs from a row; `question` is always needed.
-REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    "multiple_choice": ("question", "choices", "answer"),
-    "number": ("question", "answer", "solution"),
-    "short_answer": ("question", "answer", "aliases"),
-}
+from softeval.formats import FORMATS, AnswerFormat, Normalization, answer_format
 
 
 class DatasetSpec(BaseModel):
@@ -50,7 +41,7 @@ class TaskSpec(BaseModel):
     name: str
     description: str = ""
     dataset: DatasetSpec
-    answer_format: AnswerFormat
+    answer_format: str = Field(description=f"one of: {', '.join(FORMATS)}")
     fields: dict[str, str]
     instruction: str = ""
     template: str
@@ -59,11 +50,14 @@ class TaskSpec(BaseModel):
     stop: list[str] = Field(min_length=1)
     max_new_tokens: int = Field(gt=0)
     max_answer_words: int = Field(10, gt=0, description="short_answer: longest first line strict accepts")
+    normalization: Normalization = Field("squad", description="short_answer: the benchmark's answer normalisation")
     source_file: str | None = None  # where the spec was read from
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:
-        missing = [f for f in REQUIRED_FIELDS[self.answer_format] if f not in self.fields]
+        if self.answer_format not in FORMATS:
+            raise ValueError(f"unknown answer_format '{self.answer_format}'; choose one of: {', '.join(FORMATS)}")
+        missing = [f for f in FORMATS[self.answer_format].fields if f not in self.fields]
         if missing:
             raise ValueError(f"answer_format {self.answer_format} needs fields: {', '.join(missing)}")
         for name, expression in self.fields.items():
@@ -80,8 +74,17 @@ class TaskSpec(BaseModel):
         return self
 
     @property
+    def format(self) -> AnswerFormat:
+        """The answer format with this spec's settings: parsers, correctness, validation."""
+        return answer_format(self.answer_format, max_answer_words=self.max_answer_words, normalization=self.normalization)
+
+    @property
     def is_multiple_choice(self) -> bool:
-        return self.answer_format == "multiple_choice"
+        return FORMATS[self.answer_format].has_options
+
+    def sha256(self) -> str:
+        """Identity of what the spec says, wherever its file lives."""
+        return hashlib.sha256(self.model_dump_json(exclude={"source_file"}).encode()).hexdigest()
 
 
 @cache

@@ -18,9 +18,10 @@ import torch
 from pydantic import BaseModel, Field
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.utils.checkpoint import checkpoint
 
 from softeval._io import write_json_atomic
-from softeval.data import Example, load_examples
+from softeval.data import Example, data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.evaluate import run_examples
@@ -28,10 +29,12 @@ from softeval.metrics import aggregate
 from softeval.models import LoadedModel
 from softeval.progress import progress_bar
 from softeval.prompts import PromptBuilder, tuning_target
-from softeval.softprompt import Init, initial_vectors, save_soft_prompt
+from softeval.softprompt import Init, initial_vectors, model_difference, save_soft_prompt
 from softeval.task import TaskSpec
 
 CURVE_METRICS = ("format_following", "task_accuracy", "knowledge")
+LOSS_CHUNK = 256  # target positions whose vocabulary logits are held at once
+TOKEN_BUDGET = 768  # padded positions (rows x longest row) in one tuning forward and backward pass
 
 
 class TuneConfig(BaseModel):
@@ -70,27 +73,62 @@ class Tuner:
         rng = random.Random(self.config.seed * 1_000_003 + step)
         return rng.sample(self.train, min(self.config.batch_size, len(self.train)))
 
-    def loss(self, examples: list[Example]) -> torch.Tensor:
-        """Mean cross-entropy over the target tokens of a batch."""
-        prompts = [self.builder.generation(e).ids for e in examples]
-        targets = [self.lm.encode(tuning_target(self.spec, e)) for e in examples]
-        embeds, mask, positions = self.engine.inputs([p + t for p, t in zip(prompts, targets)])
+    def loss(self, examples: list[Example], *, backward: bool = False) -> torch.Tensor:
+        """Mean cross-entropy over the target tokens of `examples`.
+
+        It is computed in micro-batches of at most `TOKEN_BUDGET` padded positions; with
+        `backward`, each micro-batch's share of the gradient is accumulated as soon as it is
+        computed, so only one micro-batch's activations are held at a time (long GSM8K solutions
+        would otherwise hold gigabytes). The result is the same as one pass over the batch."""
+        sequences = [(self.builder.generation(e).ids, self.lm.encode(tuning_target(self.spec, e))) for e in examples]
+        n_targets = sum(len(target) for _, target in sequences)
+        total = torch.zeros((), device=self.prompt.device)
+        for group in _micro_batches(sequences, TOKEN_BUDGET):
+            part = self._summed_loss(group) / n_targets
+            if backward:
+                part.backward()
+            total = total + part.detach()
+        return total
+
+    def _summed_loss(self, sequences: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+        """Summed cross-entropy of each target after its prompt (soft prompt included)."""
+        targets = [target for _, target in sequences]
+        embeds, mask, positions = self.engine.inputs([prompt + target for prompt, target in sequences])
         hidden = self.engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
-        width = hidden.shape[1]
+        width, device = hidden.shape[1], hidden.device
         # the state at position i predicts token i + 1: for a target of n tokens at the right
         # edge, the predictors are the n positions just before the last one
-        rows = torch.cat([torch.full((len(t),), r) for r, t in enumerate(targets)])
-        cols = torch.cat([torch.arange(width - len(t) - 1, width - 1) for t in targets])
-        logits = self.engine.logits(hidden[rows, cols])
-        gold = torch.tensor([tok for t in targets for tok in t], device=logits.device)
-        return torch.nn.functional.cross_entropy(logits, gold)
+        rows = torch.cat([torch.full((len(t),), r, device=device) for r, t in enumerate(targets)])
+        cols = torch.cat([torch.arange(width - len(t) - 1, width - 1, device=device) for t in targets])
+        gold = torch.tensor([tok for t in targets for tok in t], device=device)
+        return self.cross_entropy(hidden[rows, cols], gold)
+
+    def cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of `gold` under the LM head, a chunk of positions at a time.
+
+        A long target times a 262k vocabulary would otherwise hold gigabytes of logits; under
+        autograd each chunk's logits are recomputed in the backward pass instead of kept, so memory
+        holds one chunk whatever the target length."""
+        total = states.new_zeros((), dtype=torch.float32)
+        for start in range(0, len(gold), LOSS_CHUNK):
+            chunk = (states[start : start + LOSS_CHUNK], gold[start : start + LOSS_CHUNK])
+            if torch.is_grad_enabled():
+                total = total + checkpoint(self._summed_cross_entropy, *chunk, use_reentrant=False)
+            else:
+                total = total + self._summed_cross_entropy(*chunk)
+        return total
+
+    def _summed_cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.engine.logits(states), gold, reduction="sum")
 
     def step(self, step: int) -> float:
-        loss = self.loss(self.batch(step))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(self.batch(step), backward=True)
         if not torch.isfinite(loss):
             raise SoftevalError(f"loss became {loss.item()} at step {step}; lower --lr or check the task's targets")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # a non-finite gradient would put NaN into the prompt and every checkpoint after it
+        if self.prompt.grad is None or not torch.isfinite(self.prompt.grad).all():
+            raise SoftevalError(f"the gradient became non-finite at step {step}; lower --lr or check the task's targets")
         torch.nn.utils.clip_grad_norm_([self.prompt], self.config.max_grad_norm)
         self.optimizer.step()
         return loss.item()
@@ -119,7 +157,8 @@ class Tuner:
     def load_checkpoint(self, path: Path) -> tuple[int, list[dict]]:
         if checkpoint_config(path) != self.config:
             raise SoftevalError(f"checkpoint {path} was written with other settings; resume with the same flags")
-        with safe_open(str(path), framework="pt") as f:
+        # the optimizer state goes where the prompt lives (the model's device)
+        with safe_open(str(path), framework="pt", device=str(self.prompt.device)) as f:
             meta = f.metadata()
             step = int(meta["step"])
             with torch.no_grad():
@@ -131,6 +170,19 @@ class Tuner:
                     "exp_avg_sq": f.get_tensor("exp_avg_sq"),
                 }
         return step, json.loads(meta["curve"])
+
+
+def _micro_batches(sequences: list[tuple[list[int], list[int]]], budget: int) -> list[list[tuple[list[int], list[int]]]]:
+    """Consecutive groups, by length, whose rows x longest row stay within `budget` (one row at least)."""
+    ordered = sorted(sequences, key=lambda s: len(s[0]) + len(s[1]))
+    groups: list[list] = []
+    for sequence in ordered:
+        width = len(sequence[0]) + len(sequence[1])  # the longest so far: sorted by length
+        if groups and (len(groups[-1]) + 1) * width <= budget:
+            groups[-1].append(sequence)
+        else:
+            groups.append([sequence])
+    return groups
 
 
 def checkpoint_config(path: Path) -> TuneConfig | None:
@@ -150,8 +202,12 @@ def tune(
     data_dir: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
+    produced: dict | None = None,
 ) -> dict:
-    """Tune a soft prompt; writes soft_prompt.safetensors, curve.json, curve.png into `output`."""
+    """Tune a soft prompt; writes soft_prompt.safetensors, curve.json, curve.png into `output`.
+
+    The prompt's metadata records its provenance (see `provenance`); `produced` says how it was
+    made when that is more than a plain run (a sweep passes its grid)."""
     config = config or TuneConfig()
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -176,10 +232,7 @@ def tune(
                 losses = []
                 tuner.save_checkpoint(checkpoint, done, curve)
             advance(1)
-    summary = {
-        "model": lm.identity,
-        "task": spec.name,
-        "config": config.model_dump(),
+    summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
         "steps": config.steps,
         "final": curve[-1] if curve else {},
         "tuning_seconds": round(time.perf_counter() - started, 2),
@@ -219,9 +272,54 @@ def sweep(
             trials.append({"lr": lr, "init": init, "steps": trial.steps, "final": summary["final"]})
     best = max(trials, key=lambda t: ((t["final"].get("task_accuracy") or 0.0), -t["final"]["val_loss"]))
     chosen = config.model_copy(update={"lr": best["lr"], "init": best["init"]})
-    summary = tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress)
+    produced = sweep_record(sweep_steps, lrs, inits)
+    summary = tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress, produced=produced)
     write_json_atomic(output / "sweep.json", {"trials": trials, "chosen": {"lr": best["lr"], "init": best["init"]}})
     return summary | {"sweep": trials}
+
+
+def sweep_record(sweep_steps: int, lrs: tuple[float, ...] = SWEEP_LRS, inits: tuple[Init, ...] = SWEEP_INITS) -> dict:
+    """How a swept prompt was produced, as its metadata records it."""
+    return {"by": "sweep", "sweep_steps": sweep_steps, "lrs": list(lrs), "inits": list(inits)}
+
+
+def provenance(lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir, produced: dict) -> dict:
+    """Everything a tuned prompt depends on: the model, the task spec, the chat mode, the data
+    it was tuned and validated on, the settings and how it was produced (plain run or sweep)."""
+    ds = spec.dataset
+    held_out = not ds.validation_split or ds.validation_split == ds.tune_split
+    return {
+        "model": lm.identity,
+        "task": {"name": spec.name, "spec_sha256": spec.sha256()},
+        "chat": config.chat,
+        "data": {
+            "tune": data_identity(spec, ds.tune_split, data_dir),
+            "validation": None if held_out else data_identity(spec, ds.validation_split, data_dir),
+        },
+        "config": config.model_dump(),
+        "produced": produced,
+    }
+
+
+def provenance_difference(saved: dict, wanted: dict, *, sweep: bool) -> str | None:
+    """What differs between a saved prompt's provenance and the one a run wants, or None.
+    A sweep chooses lr and init itself, so those settings are not compared for one."""
+    if model_difference(saved.get("model", {}), wanted["model"]):
+        return "model"
+    for key in ("task", "chat", "produced"):
+        if saved.get(key) != wanted[key]:
+            return key
+    for split in ("tune", "validation"):
+        if _data_key(saved.get("data", {}).get(split)) != _data_key(wanted["data"][split]):
+            return f"{split} data"
+    ignore = {"lr", "init"} if sweep else set()
+    settings = lambda c: {k: v for k, v in c.items() if k not in ignore}  # noqa: E731
+    return None if settings(saved.get("config", {})) == settings(wanted["config"]) else "tuning settings"
+
+
+def _data_key(identity: dict | None):
+    # the content hash where there is one: a moved mirror is the same data
+    return None if identity is None else (identity["split"], identity.get("sha256") or identity.get("source"))
 
 
 def plot_curve(curve: list[dict], path: Path, title: str) -> None:

@@ -1,0 +1,458 @@
+"""Answer formats: everything softeval knows about one kind of answer lives in its class here.
+
+A format owns the values a row must provide and their validation, the strict parser (the
+benchmark's required format), the lenient parser (the answer wherever it is), the correctness
+rule with its normalisation, whether the task has options (so cloze knowledge applies) and its
+chance level. Adding a format means adding one class to `FORMATS`.
+
+Both parsers of a format read a completion by the same rule and return a `Reading`: an answer,
+or why there is none (`no_answer`, `ambiguous` when several candidates are named, `conflict`
+when the completion contradicts itself). A completion is judged after its leading whitespace.
+
+Multiple choice (`multiple_choice`), one rule for both parsers, applied to the first line:
+
+* An option letter is a capital letter standing alone (`B`, `B.`, `B)`, `(B)`, `B:`), not part
+  of an abbreviation ("D.C."). `A` and `I` followed by a space and a lower-case word are the
+  English words ("A plant needs water", "I think"), not letters, unless that word is one of
+  `LETTER_CONNECTIVES` ("A or B", "A is the answer").
+* An option is *named* by its letter or by its text (whole words, case-insensitive; a text found
+  inside a longer option's text counts for the longer one only; letters inside a named option
+  text are part of that text).
+* A leading letter may be followed by text that echoes an option ("A. break up the fight", or a
+  prefix of it cut by the token limit; the longest option text written counts). If that text is
+  another option's, the completion is a `conflict`: neither parser picks the letter or the text.
+* After a leading letter, other option letters are hedging (`A B C D`, `A or B`: `ambiguous`);
+  option texts are explanation. Without a leading letter, several different options named by
+  letter or text ("pollen, not a seed") are `ambiguous`.
+* Strict: the line starts with an option letter and is not ambiguous or a conflict.
+  Lenient: exactly one option is named, anywhere in the line.
+
+Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
+one, else the last number. A number has optional thousands separators and decimals and is not
+part of a fraction (`1/2` is no number here). Answers are compared as numbers (`1,250` =
+`1250.0`).
+
+Short answer (`short_answer`, TriviaQA, NQ-open): the answer is the first non-empty line.
+Strict: at most `max_answer_words` words and not a list of candidates. Lenient: a gold alias
+inside that line (a numeric alias only when it is the line's only number); a list of several
+short candidates (three or more comma-separated items, or items joined by "or", ";" or " / ",
+each of at most four words) is `ambiguous` unless the whole line is an alias. Correct means
+equal to an alias after the benchmark's own normalisation: `squad` (lower case, punctuation and articles removed; SQuAD and
+NQ-open) or `triviaqa` (the official TriviaQA rule: punctuation and single typographic quotes
+become spaces, underscores too, articles removed).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from softeval.errors import SoftevalError
+
+LETTERS = string.ascii_uppercase
+Status = Literal["answer", "no_answer", "ambiguous", "conflict"]
+Normalization = Literal["squad", "triviaqa"]  # short answers: the benchmark's normalisation rule
+
+
+@dataclass
+class Example:
+    """One benchmark item, with the values scoring needs already pulled out of its row."""
+
+    index: int  # position in its split
+    source: str  # "file:line" or "hub:split[index]", for error messages and sample logs
+    row: dict
+    question: str
+    answer: str  # the gold answer: an option letter, a number, or a readable short answer
+    choices: list[str] | None = None
+    answer_index: int | None = None
+    aliases: list[str] = field(default_factory=list)
+    solution: str | None = None
+
+    @property
+    def letters(self) -> list[str]:
+        return list(LETTERS[: len(self.choices or [])])
+
+    def template_values(self) -> dict:
+        """What prompt and target templates can refer to: the row's own fields plus ours."""
+        values = dict(self.row)
+        values.update(question=self.question, answer=self.answer, aliases=self.aliases, solution=self.solution)
+        if self.choices is not None:
+            values.update(
+                choices=self.choices,
+                letters=self.letters,
+                letter=self.answer,
+                options="\n".join(f"{l}. {c}" for l, c in zip(self.letters, self.choices)),
+            )
+        return values
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a parser read in a completion: an answer, or the status saying why there is none."""
+
+    answer: str | None
+    status: Status = "answer"
+    note: str | None = None  # why there is no answer, in words
+
+    @staticmethod
+    def none(status: Status, note: str) -> Reading:
+        return Reading(None, status, note)
+
+
+class AnswerFormat(ABC):
+    """One kind of answer: its row values, parsers, correctness rule and chance level."""
+
+    name: ClassVar[str]
+    fields: ClassVar[tuple[str, ...]]  # values a row must provide (task spec `fields`)
+    has_options: ClassVar[bool] = False  # multiple choice: cloze knowledge over the options
+
+    def __init__(self, max_answer_words: int = 10, normalization: Normalization = "squad"):
+        # the task spec's answer settings; each format uses those that concern it
+        self.max_words, self.normalization = max_answer_words, normalization
+
+    def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
+        """A validated example from the values the spec's fields computed for one row;
+        a value that cannot be used is an error naming the row's file and line."""
+        question = values["question"]
+        if not isinstance(question, str) or not question.strip():
+            raise SoftevalError(f"{source}: field 'question' is empty or not text")
+        return Example(index=index, source=source, row=row, question=question, answer="")
+
+    @abstractmethod
+    def strict(self, completion: str, example: Example) -> Reading: ...
+
+    @abstractmethod
+    def lenient(self, completion: str, example: Example) -> Reading: ...
+
+    @abstractmethod
+    def is_correct(self, answer: str | None, example: Example) -> bool: ...
+
+    def chance(self, example: Example) -> float:
+        """Accuracy of a uniform random answer: 1 / options for multiple choice, else 0."""
+        return 0.0
+
+
+# --- multiple choice: answer with an option letter -------------------------------------------------
+
+# Words after "A" / "I" that make it an option letter rather than the article or pronoun.
+LETTER_CONNECTIVES = frozenset(
+    "or and nor is was are were seems because but then would should could might must will".split()
+)
+# a capital standing alone: not inside a word, and not part of an abbreviation ("D.C.", "U.S.")
+_LETTER = re.compile(r"(?<![A-Za-z0-9.])\(?([A-Z])(?![A-Za-z0-9'’]|\.[A-Za-z])")
+_ECHO_MARKER = re.compile(r"^[\s.):\-]*")  # between a leading letter and the text that follows it
+_MIN_ECHO_PREFIX = 3  # characters of an option's text that identify it when the text was cut
+
+
+@dataclass(frozen=True)
+class _Named:
+    letter: str
+    start: int
+    end: int
+    by_letter: bool = True  # named by its letter, not its text
+
+
+class MultipleChoice(AnswerFormat):
+    name = "multiple_choice"
+    fields = ("question", "choices", "answer")
+    has_options = True
+
+    def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
+        example = super().example(values, index=index, source=source, row=row)
+        choices, gold = values["choices"], values["answer"]
+        if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
+            raise SoftevalError(f"{source}: field 'choices' must be a list of at least two strings")
+        if len(choices) > len(LETTERS):
+            raise SoftevalError(f"{source}: {len(choices)} options; at most {len(LETTERS)} are supported")
+        empty = [LETTERS[i] for i, c in enumerate(choices) if not c.strip()]
+        if empty:
+            raise SoftevalError(f"{source}: option {empty[0]} has empty text; fix the row or drop it")
+        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+            raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
+        example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]
+        return example
+
+    def strict(self, completion: str, example: Example) -> Reading:
+        text = _first_line(completion)
+        if not text:
+            return Reading.none("no_answer", "empty completion")
+        lead = self._leading_letter(text, example)
+        if lead is None:
+            first = _LETTER.match(text)
+            if first and _is_word(text, first):
+                return Reading.none("no_answer", f"starts with the word '{first.group(1)}', not an option letter: {text[:30]!r}")
+            if first and first.group(1) not in example.letters:
+                return Reading.none("no_answer", f"'{first.group(1)}' is not one of the options {''.join(example.letters)}")
+            return Reading.none("no_answer", f"does not start with an option letter: {text[:30]!r}")
+        return self.read(text, example)
+
+    def lenient(self, completion: str, example: Example) -> Reading:
+        return self.read(_first_line(completion), example)
+
+    def is_correct(self, answer: str | None, example: Example) -> bool:
+        return answer is not None and answer == example.answer
+
+    def chance(self, example: Example) -> float:
+        return 1.0 / len(example.choices or [None])
+
+    # --- the one reading both parsers share ------------------------------------------------------
+
+    def read(self, text: str, example: Example) -> Reading:
+        """The option a completion's first line names, by the rules in the module docstring."""
+        rest_start = 0
+        lead = self._leading_letter(text, example)
+        if lead is not None:
+            echo_start = lead.end + _ECHO_MARKER.match(text[lead.end :]).end()
+            echoed, echo_end = self._echo(text[echo_start:], example)
+            if echoed and lead.letter not in echoed:
+                return Reading.none(
+                    "conflict", f"letter {lead.letter} but the text of option {'/'.join(sorted(echoed))}"
+                )
+            rest_start = echo_start + echo_end if echoed else lead.end
+        named = [n for n in self._named(text[rest_start:], example)]
+        if lead is not None:  # after a committed letter, option texts are explanation; letters hedge
+            named = [lead] + [n for n in named if n.by_letter]
+        named = [n.letter for n in named]
+        distinct = list(dict.fromkeys(named))
+        if not distinct:
+            return Reading.none("no_answer", "names no option")
+        if len(distinct) > 1:
+            return Reading.none("ambiguous", f"names several options: {', '.join(distinct)}")
+        return Reading(distinct[0])
+
+    def _leading_letter(self, text: str, example: Example) -> _Named | None:
+        match = _LETTER.match(text)
+        if match is None or match.group(1) not in example.letters or _is_word(text, match):
+            return None
+        return _Named(match.group(1), match.start(), match.end())
+
+    def _echo(self, text: str, example: Example) -> tuple[set[str], int]:
+        """Options whose text the words after a leading letter start with (or, when the completion
+        was cut, begin with those words), and where that echo ends. A leading article on either
+        side is ignored ("C. index fossils" echoes "the index fossils in the rock")."""
+        line = text.split("\n", 1)[0].lower()
+        offset = _leading_article_length(line)
+        body = line[offset:]
+        options = [(letter, _without_article(choice.strip().lower())) for letter, choice in zip(example.letters, example.choices or [])]
+        written = [(len(needle), letter) for letter, needle in options if needle and body.startswith(needle) and _ends_word(body, len(needle))]
+        if written:  # the longest text written counts ("heat and light" is not "heat")
+            longest = max(length for length, _ in written)
+            return {letter for length, letter in written if length == longest}, offset + longest
+        cut = body.strip().rstrip(".")
+        if len(cut) < _MIN_ECHO_PREFIX:
+            return set(), 0
+        matched = {letter for letter, needle in options if needle.startswith(cut)}
+        return matched, len(line) if matched else 0
+
+    def _named(self, text: str, example: Example) -> list[_Named]:
+        """Options named in `text`, by their text or their letter, in order of appearance."""
+        lowered = text.lower()
+        spans = []
+        for letter, choice in zip(example.letters, example.choices or []):
+            needle = re.escape(choice.strip().lower())
+            if needle:
+                found = re.finditer(rf"(?<![a-z0-9]){needle}(?![a-z0-9])", lowered)
+                spans += [_Named(letter, m.start(), m.end(), by_letter=False) for m in found]
+        # a text inside a longer named text ("heat" in "heat and light") belongs to the longer one
+        spans = [s for s in spans if not any(o != s and o.start <= s.start and s.end <= o.end for o in spans)]
+        for match in _LETTER.finditer(text):
+            inside = any(s.start <= match.start(1) < s.end for s in spans)
+            if match.group(1) in example.letters and not inside and not _is_word(text, match):
+                spans.append(_Named(match.group(1), match.start(), match.end()))
+        return sorted(spans, key=lambda s: s.start)
+
+
+def _is_word(text: str, match: re.Match) -> bool:
+    """"A plant", "I think": the article or pronoun, not an option letter."""
+    if match.group(1) not in ("A", "I") or match.group(0).startswith("("):
+        return False
+    following = re.match(r"[^\S\n]+([a-z]+)", text[match.end() :])
+    return following is not None and following.group(1) not in LETTER_CONNECTIVES
+
+
+def _leading_article_length(text: str) -> int:
+    article = re.match(r"(?:the|an|a)\s+", text)
+    return article.end() if article else 0
+
+
+def _without_article(text: str) -> str:
+    return text[_leading_article_length(text) :]
+
+
+def _ends_word(text: str, position: int) -> bool:
+    return position >= len(text) or not text[position].isalnum()
+
+
+# --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
+
+# digits with optional thousands separators and decimals; not part of a fraction or a longer number
+NUMBER = r"(?<![\d.,/])-?[$]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
+
+
+def canonical_number(text: str) -> str | None:
+    """`1,250`, `$1250.00` and `1250` all read as "1250"; None for what is not a number."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+class Number(AnswerFormat):
+    name = "number"
+    fields = ("question", "answer", "solution")
+
+    def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
+        example = super().example(values, index=index, source=source, row=row)
+        answer = values["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float) or canonical_number(str(answer)) is None:
+            raise SoftevalError(f"{source}: gold answer {answer!r} is not a number; the number format needs one")
+        example.answer = str(answer).strip()
+        example.solution = values.get("solution")
+        return example
+
+    def strict(self, completion: str, example: Example) -> Reading:
+        if not completion.strip():
+            return Reading.none("no_answer", "empty completion")
+        match = re.search(rf"####\s*({NUMBER})", completion)
+        if not match:
+            return Reading.none("no_answer", "no '#### <number>' in the completion")
+        return Reading(canonical_number(match.group(1)))
+
+    def lenient(self, completion: str, example: Example) -> Reading:
+        marked = self.strict(completion, example)
+        if marked.answer is not None:  # the completion's own "#### <number>" is its answer
+            return marked
+        numbers = re.findall(NUMBER, completion)
+        return Reading(canonical_number(numbers[-1])) if numbers else Reading.none("no_answer", "no number")
+
+    def is_correct(self, answer: str | None, example: Example) -> bool:
+        return answer is not None and answer == canonical_number(example.answer)
+
+
+# --- short answer: the first line is the answer (TriviaQA, NQ-open) -----------------------------------
+
+_TRIVIAQA_PUNCTUATION = set(string.punctuation) | set("‘’´`")
+_SQUAD_PUNCTUATION = set(string.punctuation)
+_LIST_ITEM_WORDS = 4
+
+
+def normalize(text: str, rule: Normalization = "squad") -> str:
+    """The benchmark's answer normalisation. `squad`: lower case, punctuation deleted, articles
+    and extra spaces removed. `triviaqa` (the official script): underscores, punctuation and the
+    quote marks ‘ ’ ´ ` become spaces; then articles and extra spaces go."""
+    text = text.lower()
+    if rule == "triviaqa":
+        text = text.replace("_", " ")
+        text = "".join(" " if ch in _TRIVIAQA_PUNCTUATION else ch for ch in text)
+    else:
+        text = "".join(ch for ch in text if ch not in _SQUAD_PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def _is_list(line: str) -> bool:
+    """Several short candidate answers: three or more comma-separated items, or items joined by
+    "or", ";" or " / ", each of at most `_LIST_ITEM_WORDS` words. Two comma-separated items
+    ("Paris, France") are one answer; a sentence with commas is not a list."""
+    for separator, least in ((r",\s+", 3), (r"\s+or\s+|;|\s/\s", 2)):
+        items = [p.strip() for p in re.split(separator, line.rstrip(".")) if p.strip()]
+        if len(items) >= least and all(len(item.split()) <= _LIST_ITEM_WORDS for item in items):
+            return True
+    return False
+
+
+class ShortAnswer(AnswerFormat):
+    name = "short_answer"
+    fields = ("question", "answer", "aliases")
+
+    def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
+        example = super().example(values, index=index, source=source, row=row)
+        answer = values["answer"]
+        if not isinstance(answer, str | int | float) or not str(answer).strip():
+            raise SoftevalError(f"{source}: field 'answer' is empty")
+        aliases = values.get("aliases") or []
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise SoftevalError(f"{source}: field 'aliases' must be a list of strings")
+        gold = str(answer).strip()
+        example.aliases = list(dict.fromkeys([gold, *(a for a in aliases if a.strip())]))
+        example.answer = self.readable(gold, example.aliases)
+        return example
+
+    def readable(self, gold: str, aliases: list[str]) -> str:
+        """The gold answer as demonstrations and tuning targets show it: an ALL-CAPS gold answer
+        ("CHAS CHANDLER") becomes an alias that says the same in ordinary case; without one, its
+        words of five or more capitals are capitalised ("STEPTOE" -> "Steptoe") while shorter ones,
+        likely acronyms ("NATO", "USA", "A66"), stay."""
+        if not any(len(word) >= 4 and word.isupper() for word in gold.split()):
+            return gold
+        bare = gold.strip("'\" .").lower()
+        readable = [a for a in aliases if not a.isupper()]
+        same_words = [a for a in readable if a.lower() == bare]
+        same_answer = [a for a in readable if normalize(a, self.normalization) == normalize(gold, self.normalization)]
+        if same_words or same_answer:
+            return (same_words or same_answer)[0]
+        return " ".join(w.capitalize() if len(w) >= 5 and w.isalpha() and w.isupper() else w for w in gold.split(" "))
+
+    def strict(self, completion: str, example: Example) -> Reading:
+        line = _first_line(completion)
+        if not line:
+            return Reading.none("no_answer", "empty completion")
+        words = len(line.split())
+        if words > self.max_words:
+            return Reading.none("no_answer", f"first line has {words} words (at most {self.max_words})")
+        if _is_list(line) and not self._alias_equal(line, example):
+            return Reading.none("ambiguous", "lists several candidate answers")
+        return Reading(line)
+
+    def lenient(self, completion: str, example: Example) -> Reading:
+        line = _first_line(completion)
+        if not line:
+            return Reading.none("no_answer", "empty completion")
+        exact = self._alias_equal(line, example)
+        if exact:
+            return Reading(exact)
+        if _is_list(line):
+            return Reading.none("ambiguous", "lists several candidate answers")
+        found = self._alias_inside(line, example)
+        return Reading(found or line)
+
+    def is_correct(self, answer: str | None, example: Example) -> bool:
+        return answer is not None and self._alias_equal(answer, example) is not None
+
+    def _alias_equal(self, text: str, example: Example) -> str | None:
+        got = normalize(text, self.normalization)
+        return next((a for a in example.aliases if got and normalize(a, self.normalization) == got), None)
+
+    def _alias_inside(self, line: str, example: Example) -> str | None:
+        padded = f" {normalize(line, self.normalization)} "
+        numbers = re.findall(r"\d+(?:[.,]\d+)*", line)
+        for alias in example.aliases:
+            needle = normalize(alias, self.normalization)
+            if not needle or f" {needle} " not in padded:
+                continue
+            # a number inside a sentence ("2^0 = 1") is no evidence of the answer "1"
+            if needle.replace(" ", "").isdigit() and len(numbers) != 1:
+                continue
+            return alias
+        return None
+
+
+def _first_line(completion: str) -> str:
+    return completion.strip().split("\n", 1)[0].strip()
+
+
+# --- the registry ------------------------------------------------------------------------------------
+
+FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, Number, ShortAnswer)}
+
+
+def answer_format(name: str, *, max_answer_words: int = 10, normalization: Normalization = "squad") -> AnswerFormat:
+    """The format a task spec names, with the spec's settings."""
+    if name not in FORMATS:
+        raise SoftevalError(f"unknown answer_format '{name}'; choose one of: {', '.join(FORMATS)}")
+    return FORMATS[name](max_answer_words=max_answer_words, normalization=normalization)

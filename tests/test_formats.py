@@ -1,0 +1,253 @@
+"""Answer formats: strict and lenient readings of real completions, correctness rules, normalisation,
+and the row validation each format owns."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROWS, mc_example, qa_example, write_user_task
+
+from softeval import SoftevalError, load_examples, load_task
+from softeval.formats import MultipleChoice, Number, ShortAnswer, normalize
+
+SPORE = mc_example(["seed", "spore", "pollen", "immature flower"], 1)
+FIGHT = mc_example(["call a teacher", "break up the fight", "walk away", "index fossils"], 0)
+
+
+@pytest.mark.parametrize(
+    "completion, strict, failure",
+    [
+        (" C", "C", None),  # smollm2, few-shot
+        (" B. spore", "B", None),
+        ("(B) spore", "B", None),
+        ("B)", "B", None),
+        ("", None, "empty completion"),  # smollm2 zero-shot: ends its turn at once
+        (" The answer is B.", None, "does not start with an option letter"),
+        (" E", None, "'E' is not one of the options ABCD"),
+        (" Because spores spread", None, "does not start with an option letter"),
+    ],
+)
+def test_multiple_choice_strict(completion, strict, failure):
+    parsed = MultipleChoice().strict(completion, SPORE)
+    assert parsed.answer == strict
+    assert (parsed.note or "").startswith(failure or "")
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        # "A" before a lower-case word is the article for both parsers; "A is ..." a letter for both
+        (" A plant needs water", None, None),
+        (" A is the answer because the seed grows", "A", "A"),
+        (" A spore is the answer", None, "B"),  # the article, then option B's text
+        (" B", "B", "B"),
+    ],
+)
+def test_one_letter_rule_for_both_parsers(completion, strict, lenient):
+    fmt = MultipleChoice()
+    assert fmt.strict(completion, SPORE).answer == strict
+    assert fmt.lenient(completion, SPORE).answer == lenient
+
+
+def test_article_is_not_an_answer_to_either_parser():
+    fmt = MultipleChoice()
+    strict, lenient = fmt.strict(" A plant needs water", SPORE), fmt.lenient(" A plant needs water", SPORE)
+    assert strict.answer is None and "word 'A'" in strict.note
+    assert lenient.answer is None and lenient.status == "no_answer"
+
+
+@pytest.mark.parametrize(
+    "completion, example, letter, text_of",
+    [
+        (" A. break up the fight", FIGHT, "A", "B"),
+        (" C. index fossils", FIGHT, "C", "D"),
+        (" A. break up the", FIGHT, "A", "B"),  # cut by the token limit
+    ],
+)
+def test_letter_that_contradicts_its_text_is_a_conflict(completion, example, letter, text_of):
+    fmt = MultipleChoice()
+    for reading in (fmt.strict(completion, example), fmt.lenient(completion, example)):
+        assert reading.answer is None and reading.status == "conflict"
+        assert reading.note == f"letter {letter} but the text of option {text_of}"
+
+
+def test_letter_with_its_own_text_is_one_answer():
+    fmt = MultipleChoice()
+    assert fmt.strict(" B. break up the fight", FIGHT).answer == "B"
+    assert fmt.lenient(" D. the index fossils", FIGHT).answer == "D"
+
+
+@pytest.mark.parametrize("completion", [" A B C D", " A or B", " I think it is pollen, not a seed", " B, C"])
+def test_naming_several_options_is_ambiguous(completion):
+    fmt = MultipleChoice()
+    lenient = fmt.lenient(completion, SPORE)
+    assert lenient.answer is None and lenient.status == "ambiguous"
+    assert fmt.strict(completion, SPORE).answer is None
+
+
+def test_lenient_finds_one_option_anywhere():
+    fmt = MultipleChoice()
+    assert fmt.lenient(" The answer is B.", SPORE).answer == "B"
+    assert fmt.lenient(" I think it is pollen", SPORE).answer == "C"
+    # a shorter option's text inside a longer option's text counts for the longer one
+    example = mc_example(["heat", "heat and light", "sound"], 1)
+    assert fmt.lenient(" It gives off heat and light", example).answer == "B"
+
+
+GSM = qa_example("72")
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        (" Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips altogether.\n#### 72", "72", "72"),
+        (" She sold 48 + 24 = 72 clips in total.", None, "72"),
+        (" #### 1,250", "1250", "1250"),
+        (" The answer is $72.00.", None, "72"),
+        (" I don't know", None, None),
+    ],
+)
+def test_number(completion, strict, lenient):
+    fmt = Number()
+    assert fmt.strict(completion, GSM).answer == strict
+    assert fmt.lenient(completion, GSM).answer == lenient
+    assert fmt.is_correct(fmt.strict(completion, GSM).answer, GSM) == (strict == "72")
+
+
+QA = qa_example("Annie Lennox", "Lennox")
+
+
+@pytest.mark.parametrize(
+    "completion, strict_ok, strict_correct, lenient_correct",
+    [
+        (" Annie Lennox", True, True, True),
+        (" the Annie Lennox.", True, True, True),  # normalisation drops articles and punctuation
+        (" Dave Stewart", True, False, False),
+        # smollm2 zero-shot: rambles past the short-answer limit
+        (' The female member of the 1980\'s pop music duo, "Eurythmics" was the', False, False, False),
+        (" It was singer Annie Lennox of the Eurythmics, born in Aberdeen in 1954", False, False, True),
+        ("\nAnnie Lennox", True, True, True),  # judged after the leading newline
+    ],
+)
+def test_short_answer(completion, strict_ok, strict_correct, lenient_correct):
+    fmt = ShortAnswer(max_answer_words=10)
+    strict = fmt.strict(completion, QA)
+    assert (strict.answer is not None) == strict_ok
+    assert fmt.is_correct(strict.answer, QA) == strict_correct
+    assert fmt.is_correct(fmt.lenient(completion, QA).answer, QA) == lenient_correct
+
+
+BIAFRA = qa_example("Biafra", "Republic of Biafra", "Nigeria-Biafra war")
+
+
+def test_listing_candidates_is_ambiguous():
+    fmt = ShortAnswer(normalization="triviaqa")
+    for completion in (" Lagos, Ghana, Biafra, Congo", " Biafra or Ghana"):
+        for reading in (fmt.strict(completion, BIAFRA), fmt.lenient(completion, BIAFRA)):
+            assert reading.answer is None and reading.status == "ambiguous"
+    # two comma-separated parts are one answer, and an alias written whole is never a list
+    assert fmt.is_correct(fmt.lenient(" Biafra, Nigeria", BIAFRA).answer, BIAFRA)
+
+
+def test_numeric_alias_needs_to_be_the_only_number():
+    fmt = ShortAnswer()
+    one = qa_example("1")
+    assert not fmt.is_correct(fmt.lenient(" 2^0 = 1", one).answer, one)
+    assert fmt.is_correct(fmt.lenient(" It was 1 apple", one).answer, one)
+    # the number format's own rule takes the last number
+    assert Number().lenient(" 2^0 = 1", one).answer == "1"
+
+
+def test_triviaqa_normalisation_is_the_official_rule():
+    fmt = ShortAnswer(normalization="triviaqa")
+    assert normalize("Nigeria-Biafra war", "triviaqa") == normalize("Nigeria Biafra war", "triviaqa") == "nigeria biafra war"
+    assert normalize("‘Crimson Tide’", "triviaqa") == "crimson tide"
+    assert fmt.is_correct("Nigeria Biafra war", BIAFRA)
+    # SQuAD's rule deletes punctuation instead, joining the words
+    assert normalize("Nigeria-Biafra war", "squad") == "nigeriabiafra war"
+    assert not ShortAnswer(normalization="squad").is_correct("Nigeria Biafra war", BIAFRA)
+
+
+def test_triviaqa_targets_use_a_readable_alias(mirror):
+    spec = load_task("triviaqa")
+    examples = load_examples(spec, "train", mirror)
+    caps = [e for e in examples if e.row["answer"]["value"].isupper()]
+    assert len(caps) > 100  # a quarter of the split has ALL-CAPS gold values
+    shouting = lambda text: any(len(w) >= 5 and w.isalpha() and w.isupper() for w in text.split())  # noqa: E731
+    assert not any(shouting(e.answer) for e in caps)
+    chandler = next(e for e in caps if e.row["answer"]["value"] == "CHAS CHANDLER")
+    assert chandler.answer == "Chas Chandler"
+
+
+def test_empty_option_text_is_a_load_error(tmp_path):
+    spec = load_task(write_user_task(tmp_path, [ROWS[0], {**ROWS[1], "b": "  "}]))
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:2: option B has empty text"):
+        load_examples(spec, "test")
+
+
+def test_non_numeric_gold_is_a_load_error(tmp_path):
+    rows = [{"q": "How many?", "gold": "12"}, {"q": "How many?", "gold": "twelve"}]
+    spec = load_task(
+        write_user_task(tmp_path, rows, answer_format="number", fields={"question": "q", "answer": "gold", "solution": "'#### ' ~ gold"},
+                        target=" {{ solution }}", cloze_template=None)
+    )
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:2: gold answer 'twelve' is not a number"):
+        load_examples(spec, "test")
+
+
+@pytest.mark.parametrize(
+    "row, raw_completion, strict, status",
+    [
+        # gemma-3-270m zero-shot on ARC-Easy: a newline, then a letter with another option's text
+        (1066, "\nA. a medium.", None, "conflict"),  # "a medium." is option B
+        (1466, "\nA. mean.", "A", "answer"),  # "mean." is option A itself
+    ],
+)
+def test_real_gemma_completions_on_arc_easy(mirror, row, raw_completion, strict, status):
+    spec = load_task("arc_easy")
+    example = next(e for e in load_examples(spec, "test", mirror) if e.index == row)
+    reading = spec.format.strict(raw_completion, example)
+    assert (reading.answer, reading.status) == (strict, status)
+    assert spec.format.lenient(raw_completion, example).status == status
+
+
+HEAT = mc_example(["heat", "heat and light", "sound", "cold"], 1)
+
+
+@pytest.mark.parametrize(
+    "completion, reading, status",
+    [
+        (" A. heat and light", None, "conflict"),  # the longer option's text is B's, not A's
+        (" B. heat and light", "B", "answer"),
+        (" B. heat and light, not sound", "B", "answer"),  # after a letter, option texts explain
+        (" B. Washington, D.C.", "B", "answer"),  # letters in an abbreviation are no options
+        (" B\nC", "B", "answer"),  # the first line is the answer
+        (" A\u00a0plant", None, "no_answer"),  # a non-breaking space still makes "A" the article
+    ],
+)
+def test_multiple_choice_edge_cases(completion, reading, status):
+    fmt = MultipleChoice()
+    for parsed in (fmt.strict(completion, HEAT), fmt.lenient(completion, HEAT)):
+        assert (parsed.answer, parsed.status) == (reading, status)
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        (" #### 72 or 74", "72", "72"),  # the marked answer is the lenient one too
+        (" #### 1/2", None, None),  # a fraction is not the number 1 or 2
+        (" 3,4", None, None),  # not a thousands separator
+        (" $1,234.50 in total", None, "1234.5"),
+        (" #### -8", "-8", "-8"),
+    ],
+)
+def test_number_edge_cases(completion, strict, lenient):
+    fmt = Number()
+    assert fmt.strict(completion, GSM).answer == strict
+    assert fmt.lenient(completion, GSM).answer == lenient
+
+
+def test_readable_alias_keeps_capitals_without_an_ordinary_alias():
+    fmt = ShortAnswer(normalization="triviaqa")
+    assert fmt.readable("NATO", ["NATO", "N.A.T.O."]) == "NATO"
+    assert fmt.readable("BLUE", ["BLUE", "Blue (colour)", "Blue"]) == "Blue"
+    assert fmt.readable("STEPTOE", ["STEPTOE"]) == "Steptoe"
