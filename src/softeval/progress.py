@@ -17,7 +17,7 @@ from rich.progress import (
 
 console = Console(stderr=True)
 # Result tables go to stdout, wide enough for every column even when piped to a file.
-stdout = Console(width=None if Console().is_terminal else 160)
+stdout = Console(width=None if Console().is_terminal else 200)
 
 
 @contextmanager
