@@ -112,23 +112,28 @@ def test_tuning_learns_the_format_and_touches_only_the_prompt(tmp_path, tiny_lla
     assert all(p.grad is None for p in tiny_llama.model.parameters())
 
 
+def _tune_interrupted_at_step(crash_step, lm, spec, config, output, monkeypatch):
+    """Run `tune` until it is interrupted at `crash_step`, as a Ctrl-C there would."""
+    original = Tuner.step
+
+    def crashing(self, step):
+        if step == crash_step:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Tuner, "step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        tune(lm, spec, config, output=output, progress=False)
+    monkeypatch.setattr(Tuner, "step", original)
+
+
 def test_resume_ends_with_the_same_prompt(tmp_path, tiny_llama, monkeypatch):
     spec = _task(tmp_path)
     config = TuneConfig(steps=6, lr=0.05, length=4, eval_every=2, val_size=8)
     whole = tune(tiny_llama, spec, config, output=tmp_path / "whole", progress=False)
 
-    original = Tuner.step
-
-    def crash_at_step_3(self, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(Tuner, "step", crash_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        tune(tiny_llama, spec, config, output=tmp_path / "split", progress=False)
+    _tune_interrupted_at_step(3, tiny_llama, spec, config, tmp_path / "split", monkeypatch)
     assert not (tmp_path / "split" / "soft_prompt.safetensors").exists()
-    monkeypatch.setattr(Tuner, "step", original)
     resumed = tune(tiny_llama, spec, config, output=tmp_path / "split", resume=True, progress=False)
 
     a, b = load_soft_prompt(tmp_path / "whole").vectors, load_soft_prompt(tmp_path / "split").vectors
@@ -206,17 +211,7 @@ def test_tuning_resume_and_evaluation_on_cuda(tmp_path, tiny_model_dirs, monkeyp
     spec = _task(tmp_path)
     config = TuneConfig(steps=4, lr=0.05, length=4, eval_every=2, val_size=4)
     tune(lm, spec, config, output=tmp_path / "whole", progress=False)
-    original = Tuner.step
-
-    def crash_at_step_3(self, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, step)
-
-    monkeypatch.setattr(Tuner, "step", crash_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        tune(lm, spec, config, output=tmp_path / "split", progress=False)
-    monkeypatch.setattr(Tuner, "step", original)
+    _tune_interrupted_at_step(3, lm, spec, config, tmp_path / "split", monkeypatch)
     tune(lm, spec, config, output=tmp_path / "split", resume=True, progress=False)
     whole, split = load_soft_prompt(tmp_path / "whole"), load_soft_prompt(tmp_path / "split")
     assert torch.allclose(whole.vectors, split.vectors, atol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -30,3 +31,12 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def write_jsonl_atomic(path: Path, rows: Iterable[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks (model weights can be gigabytes)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

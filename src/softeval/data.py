@@ -8,7 +8,6 @@ reported by file and line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from jinja2 import TemplateError, Undefined, UndefinedError
 
+from softeval._io import file_sha256
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
 from softeval.task import TaskSpec, compile_fields
@@ -79,15 +79,7 @@ def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> di
         path = mirror_path(spec, split, root)
     else:
         return identity | {"source": f"hub:{ds.path}/{ds.config}"}
-    return identity | {"source": str(path.resolve()), "sha256": _file_sha256(path)}
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return identity | {"source": str(path.resolve()), "sha256": file_sha256(path)}
 
 
 def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | None]:

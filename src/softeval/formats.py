@@ -212,7 +212,7 @@ class MultipleChoice(AnswerFormat):
                     "conflict", f"letter {lead.letter} but the text of option {'/'.join(sorted(echoed))}"
                 )
             rest_start = echo_start + echo_end if echoed else lead.end
-        named = [n for n in self._named(text[rest_start:], example)]
+        named = self._named(text[rest_start:], example)
         if lead is not None:  # after a committed letter, option texts are explanation; letters hedge
             named = [lead] + [n for n in named if n.by_letter]
         named = [n.letter for n in named]

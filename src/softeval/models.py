@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from platformdirs import user_cache_dir
 
+from softeval._io import file_sha256
 from softeval.errors import SoftevalError
 
 CACHE_ENV = "SOFTEVAL_CACHE"
@@ -132,7 +133,7 @@ def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
         gguf = alias.locate_gguf(scratch)
         out = scratch / "model"
         _convert_gguf(gguf, out)
-        marker = {"alias": name, "gguf": gguf.name, "gguf_sha256": _sha256(gguf)}
+        marker = {"alias": name, "gguf": gguf.name, "gguf_sha256": file_sha256(gguf)}
         (out / MARKER).write_text(json.dumps(marker, indent=2))
         if target.exists():  # a conversion interrupted earlier left no marker
             shutil.rmtree(target)
@@ -279,11 +280,3 @@ def _alias_or_error(name: str) -> Alias:
     if name not in ALIASES:
         raise SoftevalError(f"unknown model alias '{name}'; known aliases: {', '.join(ALIASES)}")
     return ALIASES[name]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
