@@ -11,7 +11,15 @@ on >= 99% of rows, every difference at a near-tie: top-2 logit gap under 1e-3 at
 token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuning step, the achieved
 GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
 
+The part `long` (not run by default) times one long prompt among short ones: ARC-Easy generation on
+30 rows, one of which shows as many demonstrations as fit near the model's context length (or
+--long-cap tokens), at the batch size against batch size 1. It checks the completions are identical
+and prints the padded prefill positions of fixed-row batches against token-budget batches. A prompt
+longer than half the engine's token budget (8192) sits alone in its batch; a shorter cap lets short
+rows join it up to the budget.
+
     python benchmarks/throughput.py --data-dir ../shared/benchmarks [--models ...] [--threads 2]
+    python benchmarks/throughput.py --data-dir ../shared/benchmarks --parts long --long-cap 4608
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -194,6 +203,59 @@ def first_difference_gap(lm, prompt_ids: list[int], ours, theirs_text: str) -> f
     return float(top[0] - top[1])
 
 
+def bench_long_prompt(lm, data_dir: Path, rows: int, cap: int | None, batch_size: int, flops: FlopCounter, peak: float) -> dict:
+    """ARC-Easy generation where one row, in the middle, is a many-shot prompt of about `cap`
+    tokens (default: as long as the context allows): at `batch_size`, then at batch size 1."""
+    spec = load_task("arc_easy")
+    examples = load_examples(spec, spec.dataset.eval_split, data_dir)[:rows]
+    prompts = [p.ids for p in map(PromptBuilder(spec, lm, reserve=spec.max_new_tokens).generation, examples)]
+    cap = min(cap or lm.context_length, lm.context_length - spec.max_new_tokens)
+    # every demonstration takes more than 16 tokens, so these are more than fit under the cap
+    demos = load_examples(spec, spec.dataset.fewshot_split, data_dir)[: cap // 16]
+    many_shot = PromptBuilder(spec, lm, demos=demos, k=len(demos), reserve=lm.context_length - cap)
+    long_row = rows // 2
+    prompts[long_row] = many_shot.generation(examples[long_row]).ids
+
+    # CPU time as well as wall time: on a shared machine the wall time also measures the neighbours
+    seconds, cpu_seconds, completions, engines = {}, {}, {}, {}
+    for size in (batch_size, 1):
+        engines[size] = Engine(lm, batch_size=size)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        completions[size] = engines[size].generate(prompts, spec.stop, spec.max_new_tokens)
+        seconds[size], cpu_seconds[size] = time.perf_counter() - start, time.process_time() - cpu_start
+    same = [(c.text, c.tokens) for c in completions[batch_size]] == [(c.text, c.tokens) for c in completions[1]]
+
+    # the prefill's padded positions: fixed rows per batch (no budget) against the token budget
+    lengths = [len(p) for p in prompts]
+    fixed = Engine(lm, batch_size=batch_size, token_budget=sys.maxsize)
+    padded = {
+        "fixed_rows": _padded_positions(fixed, lengths),
+        "token_budget": _padded_positions(engines[batch_size], lengths),
+        "batch_size_1": sum(lengths),
+    }
+    engine = engines[batch_size]
+    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / seconds[batch_size] / 1e9
+    return {
+        "mode": f"one long prompt ({lengths[long_row]} tok)",
+        "rows": rows,
+        "softeval_s": seconds[batch_size],
+        "batch1_s": seconds[1],
+        "ratio": seconds[batch_size] / seconds[1],
+        "cpu_s": cpu_seconds,
+        "agreement": f"completions {'identical' if same else 'DIFFER'} at batch size {batch_size} and 1",
+        "agree_ok": same,
+        "padded_positions": padded,
+        "positions_computed": {size: e.positions_computed for size, e in engines.items()},
+        "gflops": gflops,
+        "peak_share": gflops / peak,
+    }
+
+
+def _padded_positions(engine: Engine, lengths: list[int]) -> int:
+    """Rows x padded width summed over the batches the engine makes of prompts of these lengths."""
+    return sum(len(batch) * max(lengths[i] for i in batch) for batch in engine._length_buckets(lengths))
+
+
 def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, flops: FlopCounter, peak: float) -> dict:
     spec = load_task("arc_easy")
     tuner = Tuner(lm, spec, TuneConfig(batch_size=batch_size, length=length, val_size=8), data_dir=data_dir)
@@ -220,6 +282,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="mc,gen,tune")
     parser.add_argument("--gen-tasks", default="gsm8k,arc_easy")
+    parser.add_argument("--long-rows", type=int, default=30)
+    parser.add_argument("--long-cap", type=int, default=None, help="tokens of the long prompt (default: the context length)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     parts = set(args.parts.split(","))
@@ -239,11 +303,22 @@ def main() -> None:
                 rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak))
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
+        if "long" in parts:
+            rows.append(bench_long_prompt(lm, args.data_dir, args.long_rows, args.long_cap, args.batch_size, flops, peak))
         for row in rows:
             row["model"] = name
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
             if "lm_eval_s" in row:
                 line += f" | lm-eval {row['lm_eval_s']:8.2f} s | {row['speedup']:.2f}x | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
+            if "batch1_s" in row:
+                padded = row["padded_positions"]
+                line += (
+                    f" | batch size 1 {row['batch1_s']:8.2f} s | {row['ratio']:.2f}x the time"
+                    f" (CPU {' vs '.join(f'{s:.1f}' for s in row['cpu_s'].values())} s)"
+                    f" | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
+                    f" | padded prefill positions: fixed rows {padded['fixed_rows']}, token budget {padded['token_budget']},"
+                    f" batch size 1 {padded['batch_size_1']}"
+                )
             line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
             print(line, flush=True)
         report += rows

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
 
-from softeval.engine import Engine, _Decoder, _Pool
+from softeval.engine import Engine, _batches, _Decoder, _Pool
 from softeval.prompts import Cloze
 
 PREFIXES = pytest.mark.parametrize("prefix", ["", SHARED], ids=["distinct", "shared-prefix"])
@@ -140,3 +140,99 @@ def test_a_bfloat16_model_takes_a_float32_soft_prompt(tiny_model_dirs):
     completions = engine.generate(prompts, stop=["\n"], max_new_tokens=4)
     scores = engine.loglikelihood([Cloze(prompts[0], [lm.encode(" yes"), lm.encode(" no")])])
     assert len(completions) == 4 and all(math.isfinite(x) for x in scores[0])
+
+
+# --- a token budget per batch ------------------------------------------------------------------------
+
+
+def test_a_long_row_sits_alone_and_short_rows_fill_batches():
+    lengths = [12] * 20 + [240] + [30] * 9
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = _batches(order, lengths, batch_size=8, token_budget=256)
+    assert batches[0] == [20]
+    assert [len(b) for b in batches[1:]] == [8, 8, 8, 5]
+    assert [i for batch in batches for i in batch] == order  # consecutive, longest first
+    assert all(len(b) * max(lengths[i] for i in b) <= 256 for b in batches)
+
+
+def test_the_budget_cuts_batches_below_the_batch_size():
+    assert _batches([0, 1, 2, 3, 4], [100] * 5, batch_size=8, token_budget=256) == [[0, 1], [2, 3], [4]]
+    # a row wider than the budget still runs, alone
+    assert _batches([0, 1, 2], [300, 10, 10], batch_size=8, token_budget=256) == [[0], [1, 2]]
+
+
+def test_the_soft_prompt_counts_toward_the_budget(tiny_llama):
+    hidden = tiny_llama.model.get_input_embeddings().weight.shape[1]
+    plain = Engine(tiny_llama, batch_size=8, token_budget=256)
+    soft = Engine(tiny_llama, batch_size=8, token_budget=256, soft_prompt=torch.zeros(16, hidden))
+    assert plain._length_buckets([120, 10, 10]) == [[0, 1], [2]]
+    assert soft._length_buckets([120, 10, 10]) == [[0], [1, 2]]
+
+
+def _long_prompt(lm, n: int = 220) -> list[int]:
+    """A prompt near the tiny models' 256-token context, leaving room for new tokens."""
+    ids = prompt_ids(lm, " ".join([TEXTS[3]] * 12))
+    assert len(ids) > n
+    return ids[:n]
+
+
+def _record_forwards(engine: Engine) -> list[int]:
+    """Positions (rows x attended width, cache included) of every forward pass the engine runs."""
+    seen: list[int] = []
+    forward = engine._forward
+
+    def recording(embeds, mask, positions, cache):
+        seen.append(mask.shape[0] * mask.shape[1])
+        return forward(embeds, mask, positions, cache)
+
+    engine._forward = recording
+    return seen
+
+
+def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
+    """A prompt near the context length among short ones: the same results as batch size 1, for
+    about the same work, instead of every row of its batch padded to its width."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 2]
+    prompts.insert(3, _long_prompt(tiny_lm))
+    options = [tiny_lm.encode(o) for o in (" yes", " no, not at all", " maybe so", " certainly not")]
+    clozes = [Cloze(p, options) for p in prompts]
+    alone = Engine(tiny_lm, batch_size=1)
+    batched = Engine(tiny_lm, batch_size=4, token_budget=256)
+    forwards = _record_forwards(batched)
+
+    expected = alone.generate(prompts, stop=["\n"], max_new_tokens=8)
+    completions = batched.generate(prompts, stop=["\n"], max_new_tokens=8)
+    assert [c.text for c in completions] == [c.text for c in expected]
+    assert [c.tokens for c in completions] == [c.tokens for c in expected]
+    # padding to the long row would be 4 x 220 positions in its batch alone
+    assert batched.positions_computed <= 1.2 * alone.positions_computed
+
+    alone.positions_computed = batched.positions_computed = 0
+    expected_scores = alone.loglikelihood(clozes)
+    scores = batched.loglikelihood(clozes)
+    for got, want in zip(scores, expected_scores):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
+    assert batched.positions_computed <= 1.2 * alone.positions_computed
+    assert max(forwards) <= 256  # prefills, decode steps and option groups alike
+
+
+def test_a_long_row_finishes_before_short_rows_join_its_pool(tiny_llama):
+    """Short rows do not join a pool holding a long row: their caches would be padded to its width."""
+    engine = Engine(tiny_llama, batch_size=4, token_budget=256)
+    long_prompt = _long_prompt(tiny_llama)
+    shorts = [prompt_ids(tiny_llama, t) for t in TEXTS[:3]]
+    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0].text for p in [long_prompt, *shorts]]
+
+    decoder = _Decoder(engine, ["\x00never"], 6, 4)
+    with torch.inference_mode():
+        hidden, mask, positions, cache = engine._prefill([long_prompt], None)
+        pool = _Pool([0], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
+        pool = decoder.step(pool, lambda n: None)
+        hidden, mask, positions, cache = engine._prefill(shorts, None)
+        arrivals = _Pool([1, 2, 3], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
+        pool = engine._merge(pool, arrivals, 6, decoder, lambda n: None)
+        assert pool.rows == [1, 2, 3] and pool.mask.shape[1] < 64
+        assert decoder.results[0] is not None  # the long row finished first
+        while pool is not None:
+            pool = decoder.step(pool, lambda n: None)
+    assert [c.text for c in decoder.results] == expected

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
-from conftest import reference_loglikelihood
+from conftest import mc_example, reference_loglikelihood
 
 from softeval import evaluate, load_examples, load_task
-from softeval.prompts import PromptBuilder, choose_demos
+from softeval.formats import Example
+from softeval.prompts import Cloze, Prompt, PromptBuilder, choose_demos
 
 
 def test_zero_shot_prompt_is_instruction_then_question(tiny_llama, mirror):
@@ -124,3 +126,103 @@ def test_cloze_knowledge_with_chat_demos_and_truncation_matches_a_hand_built_ref
         assert sample.option_loglikelihoods == pytest.approx(expected, abs=1e-3)
         per_char = [ll / len(c) for ll, c in zip(expected, example.choices)]
         assert sample.knowledge_correct == (per_char.index(max(per_char)) == example.answer_index)
+
+
+# --- fitting demonstrations into the context ---------------------------------------------------------
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "owls", "watch"]
+
+
+def _varied_examples(n: int, seed: int = 0) -> list[Example]:
+    """Multiple-choice examples whose questions range from a few words to a few dozen."""
+    rng = random.Random(seed)
+    examples = []
+    for i in range(n):
+        question = " ".join(rng.choices(WORDS, k=rng.randint(1, 30))) + "?"
+        choices = [" ".join(rng.choices(WORDS, k=rng.randint(1, 4))) for _ in range(4)]
+        examples.append(dataclasses.replace(mc_example(choices, i % 4), index=i, question=question))
+    return examples
+
+
+def _build(builder: PromptBuilder, example: Example, cloze: bool) -> Prompt | Cloze:
+    return builder.cloze(example) if cloze else builder.generation(example)
+
+
+def _size(built: Prompt | Cloze) -> int:
+    return len(built.context_ids if isinstance(built, Cloze) else built.ids)
+
+
+def _drop_one_at_a_time(builder: PromptBuilder, example: Example, cloze: bool) -> Prompt | Cloze:
+    """The plain rule: all demonstrations, then drop the oldest and re-tokenise until the prompt fits."""
+    demos = builder._demos_for(example)
+    while True:
+        text = builder._assemble(example, demos, cloze=cloze)
+        if not cloze:
+            ids = builder._tokens(text)
+            if len(ids) <= builder.budget or not demos:
+                dropped = len(demos) < min(builder.k, len(builder.demo_pool))
+                return builder._fit(Prompt(text, ids, len(demos)), dropped=dropped)
+        else:
+            delimiter = "" if builder.chat else " "
+            pairs = [builder._encode_pair(text, delimiter + c) for c in example.choices]
+            overflow = max(len(c) + len(o) for c, o in pairs) - builder.budget
+            if overflow <= 0 or not demos:
+                keep = 1 if builder.lm.bos_token_id is not None else 0
+                context = pairs[0][0]
+                if overflow > 0:
+                    context = context[:keep] + context[keep + overflow :]
+                return Cloze(context, [o for _, o in pairs], truncated=overflow > 0)
+        demos = demos[1:]
+
+
+@pytest.mark.parametrize("cloze", [False, True], ids=["generation", "cloze"])
+# gemma-3-270m ships no chat template; its tokenizer adds the BOS case
+@pytest.mark.parametrize(("model", "chat"), [("tiny_llama", False), ("tiny_llama", True), ("tiny_gemma", False)])
+def test_fitting_demos_matches_dropping_them_one_at_a_time(request, model, chat, cloze):
+    lm = request.getfixturevalue(model)
+    spec = load_task("arc_easy")
+    demos, examples = _varied_examples(10), _varied_examples(2, seed=1)
+    roomy = dataclasses.replace(lm, context_length=100_000)
+    bare = min(_size(_build(PromptBuilder(spec, lm, chat=chat), e, cloze)) for e in examples)
+    full = max(_size(_build(PromptBuilder(spec, roomy, demos=demos, k=10, chat=chat), e, cloze)) for e in examples)
+    # from below the bare prompt (no demo fits, tokens go) to above the full one (all fit)
+    shown = set()
+    for budget in range(bare - 5, full + 20, (full - bare) // 15):
+        builder = PromptBuilder(spec, dataclasses.replace(lm, context_length=budget), demos=demos, k=10, chat=chat)
+        for example in examples:  # one builder for several examples: its demo costs are reused
+            got = _build(builder, example, cloze)
+            assert got == _drop_one_at_a_time(builder, example, cloze)
+            shown.add(getattr(got, "n_demos", None))
+    assert cloze or ({0, 10} < shown and len(shown) > 5)
+
+
+def _counting_encodes(lm) -> tuple[object, list[str]]:
+    """A copy of `lm` that records every text it tokenises."""
+    calls = []
+    counted = dataclasses.replace(lm)
+    counted.encode = lambda text: calls.append(text) or lm.encode(text)
+    return counted, calls
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat"])
+def test_fitting_demos_tokenises_a_few_times_per_example_however_many_demos(tiny_llama, chat):
+    spec = load_task("arc_easy")
+    examples = _varied_examples(4, seed=1)
+    per_prompt = 2 * len(examples[0].choices)  # a cloze prompt encodes each option with and without it
+    for k in (300, 1000):
+        lm, calls = _counting_encodes(tiny_llama)
+        builder = PromptBuilder(spec, lm, demos=_varied_examples(k), k=k, chat=chat)
+        generation, cloze = [], []
+        for example in examples:
+            before = len(calls)
+            prompt = builder.generation(example)
+            generation.append(len(calls) - before)
+            assert 0 < prompt.n_demos < 100 and prompt.truncated  # most demonstrations dropped
+        for example in examples:
+            before = len(calls)
+            builder.cloze(example)
+            cloze.append(len(calls) - before)
+        # the first prompt of each kind also measures every demonstration once; later ones build
+        # and tokenise a few candidate prompts
+        assert generation[0] <= k + 5 and max(generation[1:]) <= 3
+        assert cloze[0] <= k + 1 + 3 * per_prompt and max(cloze[1:]) <= 3 * per_prompt

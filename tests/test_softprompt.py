@@ -172,7 +172,7 @@ def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeyp
     tokens: the same loss and gradient as each example's target cross-entropy from one unpadded
     forward pass, averaged over all target tokens."""
     rows = [{"q": "Capital of " + country + "?", "a": "Paris", "b": "Rome", "gold": i % 2} for i, country in
-            enumerate(["France", "the Italian Republic of the south", "a very long-named country far away", "Spain"])]
+            enumerate(["France", "the Italian Republic of the south", "a very long-named country far away", "Spain", "Portugal"])]
     spec = load_task(write_user_task(tmp_path, rows, target=" {{ letter }}. {{ choices[gold] }}"))
     module = importlib.import_module("softeval.tune")  # the module, not the function softeval exports
     monkeypatch.setattr(module, "LOSS_CHUNK", 3)
@@ -238,3 +238,22 @@ def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
         hidden = engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
         ours = engine.logits(hidden)[0, -len(ids) :]
     assert torch.allclose(theirs, ours, atol=1e-4)
+
+
+def test_tuning_and_evaluation_show_their_progress(tmp_path, tiny_llama, monkeypatch):
+    """Long phases draw a bar each: tuning steps, and validation's generation and option scoring."""
+    import io
+
+    from rich.console import Console
+
+    shown = io.StringIO()
+    monkeypatch.setattr("softeval.progress.console", Console(file=shown, width=200))
+    spec = _task(tmp_path)
+    tune(tiny_llama, spec, TuneConfig(steps=2, length=2, eval_every=1, val_size=4), output=tmp_path / "t")
+    evaluate(tiny_llama, spec, "zero-shot", limit=6)
+    lines = shown.getvalue().splitlines()
+    name = tiny_llama.name
+    assert any(line.startswith(f"{name} capitals: tune") and "2/2" in line for line in lines)
+    assert any(line.startswith("validate: generate") and "4/4" in line for line in lines)
+    assert any(line.startswith("validate: score options") and "4/4" in line for line in lines)
+    assert any(line.startswith(f"{name} capitals zero-shot: score options") and "6/6" in line for line in lines)

@@ -106,7 +106,7 @@ def test_answer_out_of_range(tmp_path):
 
 def test_empty_split(tmp_path):
     spec = load_task(write_user_task(tmp_path, []))
-    with pytest.raises(SoftevalError, match="split 'test' is empty"):
+    with pytest.raises(SoftevalError, match=r"split 'test' has no rows \(.*test\.jsonl is empty\)"):
         load_examples(spec, "test")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from jinja2 import TemplateError, Undefined, UndefinedError
 
-from softeval._io import file_sha256
+from softeval._io import file_sha256, read_utf8
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
 from softeval.task import TaskSpec, compile_fields
@@ -37,9 +37,12 @@ def load_examples(
     seed: int = 0,
 ) -> list[Example]:
     """The split's examples; with `limit`, a fixed seeded subset kept in split order."""
+    if limit is not None and limit < 1:
+        raise SoftevalError(f"limit {limit}: evaluate at least 1 row, or give no limit for the whole split")
     rows = load_rows(spec, split, data_dir)
     if not rows:
-        raise SoftevalError(f"task {spec.name}: split '{split}' is empty; check the data source")
+        where = split_source(spec, split, data_dir)
+        raise SoftevalError(f"task {spec.name}: split '{split}' has no rows ({where} is empty); check the data source")
     indices = range(len(rows))
     if limit is not None and limit < len(rows):
         indices = sorted(random.Random(seed).sample(indices, limit))
@@ -49,19 +52,29 @@ def load_examples(
 
 def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) -> list[tuple[dict, str]]:
     """Raw rows of a split, each with its source location."""
+    source = split_source(spec, split, data_dir)
+    if isinstance(source, str):
+        return _read_hub(spec, split)
+    if not source.is_file():
+        if spec.dataset.data_files is not None:
+            raise SoftevalError(f"task {spec.name}: data file {source} not found; check dataset.data_files in the spec")
+        raise SoftevalError(f"task {spec.name}: {source} not found; check --data-dir (expects <root>/<hub path>/<config>/<split>.jsonl)")
+    return _read_file(source)
+
+
+def split_source(spec: TaskSpec, split: str, data_dir: str | Path | None) -> Path | str:
+    """Where a split is read from: the spec's own file, the mirror file, or (a string) the hub
+    dataset, "hub:<path>/<config> split <split>"."""
     ds = spec.dataset
     if ds.data_files is not None:
         if split not in ds.data_files:
             raise SoftevalError(f"task {spec.name}: no file for split '{split}' in dataset.data_files")
         base = Path(spec.source_file).parent if spec.source_file else Path.cwd()
-        return _read_file(base / ds.data_files[split])
+        return base / ds.data_files[split]
     root = resolve_data_dir(data_dir)
     if root is not None:
-        path = mirror_path(spec, split, root)
-        if not path.is_file():
-            raise SoftevalError(f"task {spec.name}: {path} not found; check --data-dir (expects <root>/<hub path>/<config>/<split>.jsonl)")
-        return _read_file(path)
-    return _read_hub(spec, split)
+        return mirror_path(spec, split, root)
+    return f"hub:{ds.path}" + (f"/{ds.config}" if ds.config else "") + f" split {split}"
 
 
 def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
@@ -71,15 +84,10 @@ def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
     """Which data a split was read from: the spec's hash, the file and its sha256 (or the hub path)."""
     identity = {"task": spec.name, "task_spec": spec.source_file, "spec_sha256": spec.sha256(), "split": split}
-    ds = spec.dataset
-    root = resolve_data_dir(data_dir)
-    if ds.data_files is not None and split in ds.data_files:
-        path = Path(spec.source_file).parent / ds.data_files[split]
-    elif root is not None:
-        path = mirror_path(spec, split, root)
-    else:
-        return identity | {"source": f"hub:{ds.path}/{ds.config}"}
-    return identity | {"source": str(path.resolve()), "sha256": file_sha256(path)}
+    source = split_source(spec, split, data_dir)
+    if isinstance(source, str):
+        return identity | {"source": source}
+    return identity | {"source": str(source.resolve()), "sha256": file_sha256(source)}
 
 
 def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | None]:
@@ -87,16 +95,10 @@ def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | 
     ds = spec.dataset
     names = [ds.eval_split, ds.tune_split, ds.fewshot_split, ds.validation_split]
     splits: dict[str, int | None] = dict.fromkeys(n for n in names if n)
-    root = resolve_data_dir(data_dir)
     for split in splits:
-        if ds.data_files is not None and split in ds.data_files:
-            path = Path(spec.source_file).parent / ds.data_files[split]
-        elif root is not None:
-            path = mirror_path(spec, split, root)
-        else:
-            continue
-        if path.is_file():
-            splits[split] = sum(1 for _ in path.open(encoding="utf-8")) if path.suffix == ".jsonl" else len(_read_file(path))
+        source = split_source(spec, split, data_dir)
+        if isinstance(source, Path) and source.is_file():
+            splits[split] = len(_read_file(source))
     return splits
 
 
@@ -109,6 +111,8 @@ def _read_file(path: Path) -> list[tuple[dict, str]]:
     if suffix in (".csv", ".parquet"):
         import datasets
 
+        if suffix == ".csv":
+            read_utf8(path)  # a clear error naming the line, before pyarrow's own
         try:
             table = datasets.Dataset.from_csv(str(path)) if suffix == ".csv" else datasets.Dataset.from_parquet(str(path))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
@@ -119,17 +123,17 @@ def _read_file(path: Path) -> list[tuple[dict, str]]:
 
 def _read_jsonl(path: Path) -> list[tuple[dict, str]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SoftevalError(f"{path}:{number}: malformed JSON ({exc.msg}); fix or remove the line") from exc
-            if not isinstance(row, dict):
-                raise SoftevalError(f"{path}:{number}: a row must be a JSON object")
-            rows.append((row, f"{path}:{number}"))
+    # split on newlines only: U+2028 and friends may sit inside a JSON string
+    for number, line in enumerate(read_utf8(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SoftevalError(f"{path}:{number}: malformed JSON ({exc.msg}); fix or remove the line") from exc
+        if not isinstance(row, dict):
+            raise SoftevalError(f"{path}:{number}: a row must be a JSON object")
+        rows.append((row, f"{path}:{number}"))
     return rows
 
 
@@ -153,10 +157,15 @@ def _to_example(spec: TaskSpec, answer_format: AnswerFormat, extract: dict, inde
         try:
             values[name] = fn(**row)
         except (UndefinedError, TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            raise SoftevalError(f"{source}: cannot compute field '{name}' ({spec.fields[name]}): {exc}") from exc
+            raise _field_error(spec, name, source, str(exc)) from exc
         if _has_undefined(values[name]):
-            raise SoftevalError(f"{source}: cannot compute field '{name}' ({spec.fields[name]}): the row lacks a field it uses")
+            raise _field_error(spec, name, source, "the row lacks a field it uses")
     return answer_format.example(values, index=index, source=source, row=row)
+
+
+def _field_error(spec: TaskSpec, name: str, source: str, reason: str) -> SoftevalError:
+    expression = spec.fields[name]
+    return SoftevalError(f"{source}: cannot compute field '{name}' ({expression}): {reason}; fix the task spec's fields or the row")
 
 
 def _has_undefined(value) -> bool:

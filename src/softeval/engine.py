@@ -21,6 +21,9 @@ from softeval.prompts import Cloze
 Advance = Callable[[int], None]
 # below this many shared tokens, encoding the prefix separately saves less than it costs
 MIN_SHARED_PREFIX = 8
+# Positions (rows x padded width) in one batch: sixteen rows of 512 tokens, while a prompt filling
+# an 8192-token context sits alone rather than padding short rows to its width.
+TOKEN_BUDGET = 8192
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Engine:
         batch_size: int = 16,
         logits_chunk: int = 256,
         soft_prompt: torch.Tensor | None = None,  # (L, hidden), placed after BOS in every sequence
+        token_budget: int = TOKEN_BUDGET,  # rows x padded width (soft prompt included) of a batch
     ):
         self.lm = lm
         self.soft_prompt = soft_prompt
@@ -58,6 +62,9 @@ class Engine:
         self.text_config = lm.model.config.get_text_config()
         self.decoder = lm.model.get_decoder()  # the text transformer without its LM head
         self.batch_size = batch_size
+        # Padding costs as much as real tokens, and attention grows with the square of the width:
+        # a batch is cut by positions too, so one long row does not make its batch quadratic.
+        self.token_budget = token_budget
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
         # Sliding-window attention counts cache slots, not positions: padding in the middle of a
@@ -92,17 +99,27 @@ class Engine:
             hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
             arrivals = _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1))
             pool = arrivals if pool is None else self._merge(pool, arrivals, max_new_tokens, decoder, advance)
-            while pool is not None and len(pool.rows) > self.batch_size // 2:
+            while pool is not None and self._more_than_half_full(pool):
                 pool = decoder.step(pool, advance)
         while pool is not None:
             pool = decoder.step(pool, advance)
         return decoder.results  # type: ignore[return-value]
 
+    def _more_than_half_full(self, pool: _Pool) -> bool:
+        """Whether the pool still holds more than half a batch, by rows or by positions: only
+        then is a decode step worth spending on it alone."""
+        rows = len(pool.rows)
+        return rows > self.batch_size // 2 or rows * pool.mask.shape[1] > self.token_budget // 2
+
     def _merge(self, pool: _Pool, arrivals: _Pool, horizon: int, decoder: _Decoder, advance: Advance) -> _Pool | None:
-        """One pool of both, their caches left-padded to the same width; where a sliding window
-        forbids padding in the cache, the old pool is finished first instead."""
+        """One pool of both, their caches left-padded to the same width. The old pool is finished
+        first instead where a sliding window forbids padding in the cache, or where the padded
+        pool would outgrow a batch plus half a batch of stragglers: one long row would otherwise
+        pad every short row's cache to its width."""
         width = max(pool.mask.shape[1], arrivals.mask.shape[1])
-        if self.window is not None and width + horizon > self.window:
+        outgrows_window = self.window is not None and width + horizon > self.window
+        over_budget = (len(pool.rows) + len(arrivals.rows)) * width > self.token_budget * 3 // 2
+        if outgrows_window or over_budget:
             while pool is not None:
                 pool = decoder.step(pool, advance)
             return arrivals
@@ -139,11 +156,12 @@ class Engine:
         # for the first token, the option's own states (inputs: all but its last token) after that.
         first = context_last[owner]
         # Options run in groups of similar length, so short options are not padded to the longest;
-        # each group gets its own copy of the rows of the context cache it needs.
+        # each group gets its own copy of the rows of the context cache it needs, so a group's
+        # positions are its rows x (context width + option width).
         own_states: dict[int, torch.Tensor] = {}
         by_length = sorted((r for r, o in enumerate(continuations) if len(o) > 1), key=lambda r: len(continuations[r]))
-        for start in range(0, len(by_length), self.batch_size):
-            group = by_length[start : start + self.batch_size]
+        widths = [mask.shape[1] + len(o) - 1 for o in continuations]
+        for group in _batches(by_length, widths, self.batch_size, self.token_budget):
             width = max(len(continuations[r]) for r in group) - 1
             index = torch.tensor([owner[r] for r in group], device=self.device)
             inputs = torch.zeros(len(group), width, dtype=torch.long)
@@ -181,8 +199,9 @@ class Engine:
 
     def _length_buckets(self, lengths: list[int]) -> list[list[int]]:
         """Batches of similar length (longest first, so memory peaks early and predictably)."""
+        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        return [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+        return _batches(order, [n + n_soft for n in lengths], self.batch_size, self.token_budget)
 
     def _encode_prefix(self, sequences: Sequence[list[int]], horizon: int) -> SharedPrefix | None:
         """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,
@@ -337,6 +356,24 @@ class _Decoder:
         engine = self.engine
         hidden = engine._forward(engine._embed(pool.next_tokens[:, None]), mask, positions, pool.cache)[:, -1]
         return _Pool(pool.rows, pool.cache, mask, positions, engine.logits(hidden).argmax(-1))
+
+
+def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int) -> list[list[int]]:
+    """`order` cut into consecutive batches of at most `batch_size` rows whose rows x widest row
+    stays within `token_budget`; a row wider than the budget goes alone."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    widest = 0
+    for i in order:
+        grown = max(widest, widths[i])
+        if batch and (len(batch) == batch_size or (len(batch) + 1) * grown > token_budget):
+            batches.append(batch)
+            batch, grown = [], widths[i]
+        batch.append(i)
+        widest = grown
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:

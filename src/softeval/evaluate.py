@@ -23,7 +23,7 @@ from softeval.errors import SoftevalError
 from softeval.formats import Example
 from softeval.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.models import LoadedModel
-from softeval.progress import progress_bar
+from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, choose_demos
 from softeval.softprompt import SoftPrompt
 from softeval.task import TaskSpec
@@ -89,6 +89,10 @@ def evaluate(
         raise SoftevalError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
     if chat and not lm.post_trained:
         raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
+    if batch_size < 1:
+        raise SoftevalError(f"batch size {batch_size}: use a batch size of at least 1")
+    if k < 0:
+        raise SoftevalError(f"k {k}: use k of at least 0 demonstrations")
     if (method == "soft-prompt") != (soft_prompt is not None):
         raise SoftevalError("the soft-prompt method needs a tuned prompt (--prompt PATH), and only it takes one")
     if isinstance(soft_prompt, torch.Tensor):
@@ -104,7 +108,8 @@ def evaluate(
     n_soft = 0 if vectors is None else vectors.shape[0]
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
     engine = Engine(lm, batch_size=batch_size, soft_prompt=vectors)
-    samples, timings = run_examples(spec, examples, builder, engine, f"{lm.name} {spec.name} {method}", progress)
+    with progress_bars(progress) as bars:
+        samples, timings = run_examples(spec, examples, builder, engine, bars, f"{lm.name} {spec.name} {method}")
     n_truncated = sum(s.truncated for s in samples)
     if n_truncated:
         log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
@@ -141,7 +146,7 @@ def evaluate(
 
 
 def run_examples(
-    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine, label: str, progress: bool = True
+    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine, bars: Bars, label: str
 ) -> tuple[list[Sample], dict[str, float]]:
     """Generate and score every example; returns the sample records and the time each stage took."""
     tick = time.perf_counter()
@@ -149,14 +154,13 @@ def run_examples(
     clozes = [builder.cloze(ex) for ex in examples] if spec.is_multiple_choice else None
     timings = {"prepare": time.perf_counter() - tick}
     tick = time.perf_counter()
-    with progress_bar(f"{label}: generate", len(prompts), progress) as advance:
-        completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens, advance)
+    advance = bars.row(f"{label}: generate", len(prompts))
+    completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens, advance)
     timings["generate"] = time.perf_counter() - tick
     loglikelihoods = None
     if clozes is not None:
         tick = time.perf_counter()
-        with progress_bar(f"{label}: score options", len(clozes), progress) as advance:
-            loglikelihoods = engine.loglikelihood(clozes, advance)
+        loglikelihoods = engine.loglikelihood(clozes, bars.row(f"{label}: score options", len(clozes)))
         timings["loglikelihood"] = time.perf_counter() - tick
 
     answer_format = spec.format

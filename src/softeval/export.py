@@ -8,11 +8,11 @@ BOS's own embedding, and the text is given to the PEFT model without BOS
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from softeval._io import write_json_atomic
 from softeval.models import LoadedModel
 
 
@@ -38,7 +38,6 @@ def export_peft(vectors: torch.Tensor, lm: LoadedModel, folder: str | Path) -> P
     with torch.no_grad():
         peft_model.prompt_encoder["default"].embedding.weight.copy_(virtual)
     peft_model.save_pretrained(folder)
-    (folder / "softeval.json").write_text(
-        json.dumps({"bos_included": lm.bos_token_id is not None, "add_special_tokens": False, "model": lm.identity}, indent=2)
-    )
+    record = {"bos_included": lm.bos_token_id is not None, "add_special_tokens": False, "model": lm.identity}
+    write_json_atomic(folder / "softeval.json", record)
     return folder

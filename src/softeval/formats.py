@@ -26,6 +26,7 @@ Multiple choice (`multiple_choice`), one rule for both parsers, applied to the f
   letter or text ("pollen, not a seed") are `ambiguous`.
 * Strict: the line starts with an option letter and is not ambiguous or a conflict.
   Lenient: exactly one option is named, anywhere in the line.
+* A spec may map `labels` to the row's own option labels; each row must then have one per option text.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional thousands separators and decimals and is not
@@ -170,6 +171,11 @@ class MultipleChoice(AnswerFormat):
         empty = [LETTERS[i] for i, c in enumerate(choices) if not c.strip()]
         if empty:
             raise SoftevalError(f"{source}: option {empty[0]} has empty text; fix the row or drop it")
+        labels = values.get("labels")  # optional: the row's own option labels, to check against
+        if labels is not None and not isinstance(labels, list):
+            raise SoftevalError(f"{source}: field 'labels' must be a list (one label per option)")
+        if labels is not None and len(labels) != len(choices):
+            raise SoftevalError(f"{source}: {len(labels)} option labels but {len(choices)} option texts; fix the row or drop it")
         if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
             raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
         example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]

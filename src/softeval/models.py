@@ -21,6 +21,7 @@ from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
 from softeval.errors import SoftevalError
+from softeval.progress import console
 
 CACHE_ENV = "SOFTEVAL_CACHE"
 MARKER = "softeval-model.json"
@@ -128,6 +129,7 @@ def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
     if (target / MARKER).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"preparing {name}: converting its GGUF weights into {target} (once, about a minute)", highlight=False)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as scratch:
         scratch = Path(scratch)
         gguf = alias.locate_gguf(scratch)
@@ -157,27 +159,19 @@ def load_model(
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     path = Path(spec).expanduser()
     post_trained_hint = None
-    if spec in ALIASES:
+    kind = model_kind(spec)
+    if kind == "alias":
         folder = prepare_alias(spec, cache_dir)
         post_trained_hint = ALIASES[spec].post_trained
         source = json.loads((folder / MARKER).read_text())
         where = str(folder)
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise SoftevalError(f"GGUF file not found: {path}")
+    elif kind == "gguf":
         where, kwargs["gguf_file"] = str(path.parent), path.name
         source = {"gguf": str(path)}
-    elif path.is_dir():
-        if not (path / "config.json").exists():
-            raise SoftevalError(f"model folder {path} has no config.json; give a Hugging Face model folder")
+    elif kind == "folder":
         where, source = str(path), {"folder": str(path.resolve())}
-    elif "/" in spec and not path.exists():
-        where, source = spec, {"hub_id": spec}
     else:
-        raise SoftevalError(
-            f"unknown model '{spec}'; give a local folder, a .gguf file, a hub id (owner/name) "
-            f"or one of the aliases: {', '.join(ALIASES)}"
-        )
+        where, source = spec, {"hub_id": spec}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
         model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
@@ -189,6 +183,30 @@ def load_model(
         raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
     model.to(device).eval().requires_grad_(False)
     return _describe(spec, model, tokenizer, source, post_trained_hint)
+
+
+def model_kind(spec: str) -> str:
+    """"alias", "gguf", "folder" or "hub" for a --model value; an error for one that is none of them
+    (checked before any work, without loading anything)."""
+    path = Path(spec).expanduser()
+    if spec in ALIASES:
+        return "alias"
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SoftevalError(f"GGUF file not found: {path}")
+        return "gguf"
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise SoftevalError(f"model folder {path} has no config.json; give a Hugging Face model folder")
+        return "folder"
+    if spec.startswith(("/", "./", "../", "~")):
+        raise SoftevalError(f"model folder not found: {path}; check the path")
+    if "/" in spec and not path.exists():
+        return "hub"
+    raise SoftevalError(
+        f"unknown model '{spec}'; give a local folder, a .gguf file, a hub id (owner/name) "
+        f"or one of the aliases: {', '.join(ALIASES)}"
+    )
 
 
 def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | None) -> LoadedModel:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -10,6 +10,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -19,12 +20,34 @@ console = Console(stderr=True)
 # Result tables go to stdout, wide enough for every column even when piped to a file.
 stdout = Console(width=None if Console().is_terminal else 200)
 
+Advance = Callable[[int], None]
+
+
+class Bars:
+    """The rows of one live progress display. `row` starts a row, or restarts the row of the same
+    description (a tuning run validates many times), and returns its advance function."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress = progress
+        self.rows: dict[str, TaskID] = {}
+
+    def row(self, description: str, total: int) -> Advance:
+        progress = self.progress
+        if progress is None:
+            return lambda n: None
+        if description in self.rows:
+            progress.reset(self.rows[description], total=total)
+        else:
+            self.rows[description] = progress.add_task(description, total=total)
+        task = self.rows[description]
+        return lambda n: progress.advance(task, n)
+
 
 @contextmanager
-def progress_bar(description: str, total: int, enabled: bool = True) -> Iterator:
-    """Yields `advance(n)`; a no-op when disabled."""
+def progress_bars(enabled: bool = True) -> Iterator[Bars]:
+    """A live display for the `with` block (nothing is drawn when disabled)."""
     if not enabled:
-        yield lambda n: None
+        yield Bars(None)
         return
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -34,6 +57,5 @@ def progress_bar(description: str, total: int, enabled: bool = True) -> Iterator
         TextColumn("eta"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+    with Progress(*columns, console=console, transient=False) as progress:
+        yield Bars(progress)

@@ -8,11 +8,12 @@ tokens; each such prompt is counted as truncated.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from softeval.data import Example
 from softeval.models import LoadedModel
-from softeval.task import TaskSpec, render
+from softeval.task import TaskSpec
 
 DEMO_SEPARATOR = "\n\n"
 
@@ -35,12 +36,12 @@ class Cloze:
 
 
 def question_text(spec: TaskSpec, example: Example) -> str:
-    return render(spec.template, example.template_values())
+    return spec.render("template", example)
 
 
 def target_text(spec: TaskSpec, example: Example) -> str:
     """The gold answer in the strict format, as the model should write it after the cue."""
-    return render(spec.target, example.template_values())
+    return spec.render("target", example)
 
 
 def tuning_target(spec: TaskSpec, example: Example) -> str:
@@ -73,33 +74,33 @@ class PromptBuilder:
         self.demo_pool = demos or []
         self.demo_split = spec.dataset.fewshot_split
         self.budget = lm.context_length - reserve
+        # tokens per demonstration by (id, cloze): examples are unhashable, and the pool outlives the cache
+        self._costs: dict[tuple[int, bool], int] = {}
 
     # --- generation ---------------------------------------------------------------------------
 
     def generation(self, example: Example) -> Prompt:
-        demos = self._demos_for(example)
-        while True:
-            text = self._assemble(example, demos, cloze=False)
+        def attempt(shown: list[Example]) -> tuple[int, tuple[str, list[int]]]:
+            text = self._assemble(example, shown, cloze=False)
             ids = self._tokens(text)
-            if len(ids) <= self.budget or not demos:
-                break
-            demos = demos[1:]
-        return self._fit(Prompt(text, ids, len(demos)), dropped=len(demos) < min(self.k, len(self.demo_pool)))
+            return len(ids), (text, ids)
+
+        n, _, (text, ids) = self._most_recent_that_fit(example, attempt, cloze=False)
+        return self._fit(Prompt(text, ids, n), dropped=n < min(self.k, len(self.demo_pool)))
 
     # --- loglikelihood (knowledge) -------------------------------------------------------------
 
     def cloze(self, example: Example) -> Cloze:
         """Context and option continuations for cloze scoring, under the same conditioning
         (demonstrations, chat template) as the generative prompt."""
-        demos = self._demos_for(example)
         delimiter = "" if self.chat else " "
-        while True:
-            context = self._assemble(example, demos, cloze=True)
+
+        def attempt(shown: list[Example]) -> tuple[int, list[tuple[list[int], list[int]]]]:
+            context = self._assemble(example, shown, cloze=True)
             pairs = [self._encode_pair(context, delimiter + choice) for choice in example.choices]
-            longest = max(len(c) + len(o) for c, o in pairs)
-            if longest <= self.budget or not demos:
-                break
-            demos = demos[1:]
+            return max(len(c) + len(o) for c, o in pairs), pairs
+
+        _, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True)
         context_ids = pairs[0][0]
         overflow = max(0, longest - self.budget)
         if overflow:  # keep BOS, drop the oldest context tokens
@@ -114,10 +115,52 @@ class PromptBuilder:
         demos = [d for d in self.demo_pool if not (same_split and d.index == example.index)]
         return demos[: self.k]
 
+    def _most_recent_that_fit(self, example: Example, attempt: Callable[[list[Example]], tuple], *, cloze: bool) -> tuple:
+        """(n, size, payload) for the prompt showing the n most recent demonstrations, n the
+        largest whose size fits the budget (0 if none does), as dropping the oldest demonstration
+        one at a time finds it (each one shown makes the prompt longer), but in a few
+        tokenisations of the prompt rather than one per dropped demonstration.
+        attempt(shown) builds and measures the prompt showing `shown`."""
+        demos = self._demos_for(example)
+        tried: dict[int, tuple] = {}
+
+        def size(n: int) -> int:
+            if n not in tried:
+                tried[n] = attempt(demos[len(demos) - n :])
+            return tried[n][0]
+
+        # estimate: the bare prompt, then the newest demonstrations while their costs fit
+        room, n = self.budget - size(0), 0
+        for cost in reversed(self._demo_costs(example, demos, cloze=cloze)):
+            if cost > room:
+                break
+            room, n = room - cost, n + 1
+        # costs are measured on another prompt and tokens can merge across joins, so the real
+        # size decides: one fewer while it does not fit, one more while that still fits
+        while n > 0 and size(n) > self.budget:
+            n -= 1
+        while n < len(demos) and size(n + 1) <= self.budget:
+            n += 1
+        return n, size(n), tried[n][1]
+
+    def _demo_costs(self, example: Example, demos: list[Example], *, cloze: bool) -> list[int]:
+        """Tokens each demonstration adds to a prompt (separator or chat turn markup included),
+        measured once: the demonstrations are fixed, so later prompts reuse the counts."""
+        missing = [d for d in demos if (id(d), cloze) not in self._costs]
+        if missing:
+
+            def measure(shown: list[Example]) -> int:
+                return len(self._tokens(self._assemble(example, shown, cloze=cloze)))
+
+            bare = measure([])
+            for demo in missing:
+                self._costs[id(demo), cloze] = measure([demo]) - bare
+        return [self._costs[id(d), cloze] for d in demos]
+
     def _assemble(self, example: Example, demos: list[Example], *, cloze: bool) -> str:
         spec = self.spec
-        template = spec.cloze_template if cloze else spec.template
-        ask = lambda ex: render(template, ex.template_values())  # noqa: E731
+        template = "cloze_template" if cloze else "template"
+        ask = lambda ex: spec.render(template, ex)  # noqa: E731
         answer = (lambda ex: ex.choices[ex.answer_index]) if cloze else (lambda ex: target_text(spec, ex).strip())
         # cloze prompts carry no instruction: it asks for a letter, which cloze scoring does not use
         instruction = "" if cloze else spec.instruction

@@ -15,8 +15,9 @@ from typing import Literal
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
+from softeval._io import write_bytes_atomic
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.task import TaskSpec
@@ -119,10 +120,8 @@ def model_difference(made_for: dict, model: dict) -> str | None:
 
 def save_soft_prompt(path: Path, vectors: torch.Tensor, metadata: dict) -> None:
     """safetensors with string metadata (model identity, task, config, steps, metrics as JSON)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"soft_prompt": vectors.detach().cpu().contiguous()}, str(tmp), metadata={"softeval": json.dumps(metadata)})
-    tmp.replace(path)
+    tensors = {"soft_prompt": vectors.detach().cpu().contiguous()}
+    write_bytes_atomic(path, save(tensors, metadata={"softeval": json.dumps(metadata)}))
 
 
 def load_soft_prompt(path: str | Path) -> SoftPrompt:

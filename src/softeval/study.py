@@ -14,10 +14,11 @@ from pathlib import Path
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult, evaluate
 from softeval.models import load_model
+from softeval.preflight import check_before_work
 from softeval.report import write_comparison
 from softeval.softprompt import SoftPrompt, load_soft_prompt
 from softeval.task import load_task
-from softeval.tune import TuneConfig, checkpoint_config, provenance, provenance_difference, sweep, sweep_record, tune
+from softeval.tune import TuneConfig, checkpoint_matches, provenance, provenance_difference, sweep, sweep_record, tune
 
 log = logging.getLogger("softeval")
 
@@ -45,7 +46,10 @@ def run_study(
     if unknown:
         raise SoftevalError(f"unknown method '{unknown[0]}'; choose from: {', '.join(METHODS)}")
     output = Path(output)
-    specs = [load_task(t) for t in tasks]  # fail on a bad task before loading any model
+    # every check that needs no model comes first: a mistake costs seconds, not a study
+    specs = [load_task(t) for t in tasks]
+    tuning = "soft-prompt" in methods
+    check_before_work(models, specs, methods, k=k, tuning=tuning, outputs=[output], data_dir=data_dir)
     results: list[EvalResult] = []
     curves: dict[str, str] = {}
     for model in models:
@@ -89,6 +93,6 @@ def _tuned_prompt(lm, spec, config: TuneConfig, folder: Path, data_dir, sweep_gr
         sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
     else:
         # an interrupted tuning run with the same settings continues where it stopped
-        resume = checkpoint_config(folder / "checkpoint.safetensors") == config
+        resume = checkpoint_matches(folder / "checkpoint.safetensors", config, lm, spec)
         tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress)
     return load_soft_prompt(path)

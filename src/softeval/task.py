@@ -13,13 +13,15 @@ import re
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+
 import yaml
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from softeval._io import read_utf8
 from softeval.errors import SoftevalError
-from softeval.formats import FORMATS, AnswerFormat, Normalization, answer_format
+from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format
 
 
 class DatasetSpec(BaseModel):
@@ -57,6 +59,8 @@ class TaskSpec(BaseModel):
     def _check(self) -> TaskSpec:
         if self.answer_format not in FORMATS:
             raise ValueError(f"unknown answer_format '{self.answer_format}'; choose one of: {', '.join(FORMATS)}")
+        if FORMATS[self.answer_format].has_options and not self.cloze_template:
+            raise ValueError(f"answer_format {self.answer_format} needs a cloze_template (the question for option scoring)")
         missing = [f for f in FORMATS[self.answer_format].fields if f not in self.fields]
         if missing:
             raise ValueError(f"answer_format {self.answer_format} needs fields: {', '.join(missing)}")
@@ -82,9 +86,24 @@ class TaskSpec(BaseModel):
     def is_multiple_choice(self) -> bool:
         return FORMATS[self.answer_format].has_options
 
+    def render(self, key: str, example: Example) -> str:
+        """One of the spec's templates (`template`, `cloze_template`, `target`) for one example."""
+        try:
+            return _compiled_template(getattr(self, key)).render(example.template_values())
+        except RENDER_ERRORS as exc:
+            where = self.source_file or f"task {self.name}"
+            raise SoftevalError(
+                f"task spec {where}: {key} cannot be rendered for {example.source}: {str(exc).rstrip('.')}; "
+                f"fix the {key} or the row"
+            ) from exc
+
     def sha256(self) -> str:
         """Identity of what the spec says, wherever its file lives."""
         return hashlib.sha256(self.model_dump_json(exclude={"source_file"}).encode()).hexdigest()
+
+
+# what a template can raise on a row: undefined names, sandbox refusals, bad types or indices
+RENDER_ERRORS = (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError)
 
 
 @cache
@@ -103,10 +122,6 @@ def compile_fields(spec: TaskSpec) -> dict:
 @cache
 def _compiled_template(source: str):
     return _env().from_string(source)
-
-
-def render(source: str, values: dict) -> str:
-    return _compiled_template(source).render(values)
 
 
 def builtin_task_files() -> dict[str, Path]:
@@ -131,7 +146,7 @@ def load_task(name_or_path: str | Path) -> TaskSpec:
     if not path.is_file():
         raise SoftevalError(f"task spec not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_utf8(path))
     except yaml.YAMLError as exc:
         raise SoftevalError(f"task spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(raw, dict):

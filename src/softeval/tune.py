@@ -9,31 +9,36 @@ checkpoint; batches depend only on (seed, step), so a resumed run ends where an 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel, Field
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from torch.utils.checkpoint import checkpoint
 
-from softeval._io import write_json_atomic
+from softeval._io import write_atomic, write_bytes_atomic, write_json_atomic
 from softeval.data import Example, data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.evaluate import run_examples
 from softeval.metrics import aggregate
 from softeval.models import LoadedModel
-from softeval.progress import progress_bar
+from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, tuning_target
 from softeval.softprompt import Init, initial_vectors, model_difference, save_soft_prompt
 from softeval.task import TaskSpec
 
+log = logging.getLogger("softeval")
+
 CURVE_METRICS = ("format_following", "task_accuracy", "knowledge")
 LOSS_CHUNK = 256  # target positions whose vocabulary logits are held at once
+MIN_TUNING_ROWS = 5  # without a validation split, a fifth of these is held out for validation
 TOKEN_BUDGET = 768  # padded positions (rows x longest row) in one tuning forward and backward pass
 
 
@@ -133,43 +138,69 @@ class Tuner:
         self.optimizer.step()
         return loss.item()
 
-    def validate(self) -> dict:
+    def validate(self, bars: Bars | None = None) -> dict:
+        bars = bars or Bars(None)
         engine = Engine(self.lm, batch_size=16, soft_prompt=self.prompt.detach())
         with torch.no_grad():
-            samples, _ = run_examples(self.spec, self.val, self.builder, engine, "validate", progress=False)
+            samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
         metrics = aggregate(samples, n_resamples=200)
         return {"val_loss": val_loss, **{m: metrics[m].value for m in CURVE_METRICS}}
 
     # --- checkpoints: safetensors only, never pickles --------------------------------------------
 
-    def save_checkpoint(self, path: Path, step: int, curve: list[dict]) -> None:
-        state = self.optimizer.state.get(self.prompt, {})
+    def save_checkpoint(self, path: Path, state: RunState) -> None:
+        optimizer = self.optimizer.state.get(self.prompt, {})
         tensors = {"soft_prompt": self.prompt.detach().cpu().contiguous()}
         for key in ("exp_avg", "exp_avg_sq"):
-            if key in state:
-                tensors[key] = state[key].detach().cpu().contiguous()
-        meta = {"step": str(step), "curve": json.dumps(curve), "config": self.config.model_dump_json()}
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(path)
+            if key in optimizer:
+                tensors[key] = optimizer[key].detach().cpu().contiguous()
+        meta = {
+            "step": str(state.step),
+            "curve": json.dumps(state.curve),
+            "tuning_seconds": repr(state.seconds),
+            "config": self.config.model_dump_json(),
+            "made_for": json.dumps(self.made_for()),
+        }
+        write_bytes_atomic(path, save(tensors, metadata=meta))
 
-    def load_checkpoint(self, path: Path) -> tuple[int, list[dict]]:
-        if checkpoint_config(path) != self.config:
-            raise SoftevalError(f"checkpoint {path} was written with other settings; resume with the same flags")
-        # the optimizer state goes where the prompt lives (the model's device)
-        with safe_open(str(path), framework="pt", device=str(self.prompt.device)) as f:
-            meta = f.metadata()
-            step = int(meta["step"])
-            with torch.no_grad():
-                self.prompt.copy_(f.get_tensor("soft_prompt"))
-            if "exp_avg" in f.keys():
-                self.optimizer.state[self.prompt] = {
-                    "step": torch.tensor(float(step)),
-                    "exp_avg": f.get_tensor("exp_avg"),
-                    "exp_avg_sq": f.get_tensor("exp_avg_sq"),
-                }
-        return step, json.loads(meta["curve"])
+    def made_for(self) -> dict:
+        """The model and task spec a checkpoint of this run belongs to."""
+        return {"model": self.lm.identity, "task_spec_sha256": self.spec.sha256()}
+
+    def load_checkpoint(self, path: Path) -> RunState:
+        check_resumable(path, self.config)
+        if not checkpoint_matches(path, self.config, self.lm, self.spec):
+            raise SoftevalError(
+                f"checkpoint {path} was written for another model or task (or an edited task spec); "
+                "delete it to tune from step 0, or choose another --output"
+            )
+        try:
+            # the optimizer state goes where the prompt lives (the model's device)
+            with safe_open(str(path), framework="pt", device=str(self.prompt.device)) as f:
+                meta = f.metadata()
+                state = RunState(int(meta["step"]), json.loads(meta["curve"]), float(meta.get("tuning_seconds", 0.0)))
+                with torch.no_grad():
+                    self.prompt.copy_(f.get_tensor("soft_prompt"))
+                if "exp_avg" in f.keys():
+                    self.optimizer.state[self.prompt] = {
+                        "step": torch.tensor(float(state.step)),
+                        "exp_avg": f.get_tensor("exp_avg"),
+                        "exp_avg_sq": f.get_tensor("exp_avg_sq"),
+                    }
+        except (KeyError, ValueError, RuntimeError, OSError, SafetensorError) as exc:
+            raise _unreadable_checkpoint(path, exc) from exc
+        return state
+
+
+@dataclass
+class RunState:
+    """Where a tuning run stands: steps done, the curve so far and the tuning time spent on them
+    (over every resumed part of the run)."""
+
+    step: int = 0
+    curve: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 def _micro_batches(sequences: list[tuple[list[int], list[int]]], budget: int) -> list[list[tuple[list[int], list[int]]]]:
@@ -189,8 +220,43 @@ def checkpoint_config(path: Path) -> TuneConfig | None:
     """The settings an unfinished run's checkpoint was written with, if there is one."""
     if not path.is_file():
         return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return TuneConfig.model_validate_json((f.metadata() or {})["config"])
+    except (KeyError, ValueError, OSError, SafetensorError) as exc:  # pydantic's error is a ValueError
+        raise _unreadable_checkpoint(path, exc) from exc
+
+
+def checkpoint_matches(path: Path, config: TuneConfig, lm: LoadedModel, spec: TaskSpec) -> bool:
+    """Whether `path` holds an unfinished run of these settings, model and task spec."""
+    if checkpoint_config(path) != config:
+        return False
     with safe_open(str(path), framework="pt") as f:
-        return TuneConfig.model_validate_json(f.metadata()["config"])
+        made_for = json.loads((f.metadata() or {}).get("made_for", "{}"))
+    return not model_difference(made_for.get("model", {}), lm.identity) and made_for.get("task_spec_sha256") == spec.sha256()
+
+
+def check_resumable(path: Path, config: TuneConfig) -> None:
+    """An error, before any work, when a run with `config` cannot continue the checkpoint at `path`."""
+    saved = checkpoint_config(path)
+    if saved is None or saved == config:
+        return
+    changed = ", ".join(k for k, v in config.model_dump().items() if saved.model_dump().get(k) != v)
+    raise SoftevalError(
+        f"checkpoint {path} was written with other settings ({changed}); resume with the same flags, "
+        "or delete it to tune from step 0"
+    )
+
+
+def _unreadable_checkpoint(path: Path, exc: Exception) -> SoftevalError:
+    if isinstance(exc, KeyError):
+        reason = f"it has no '{exc.args[0]}' entry"
+    else:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return SoftevalError(
+        f"checkpoint {path} is truncated or not a softeval tuning checkpoint ({reason}); "
+        "delete it to tune from step 0"
+    )
 
 
 def tune(
@@ -213,33 +279,41 @@ def tune(
     output.mkdir(parents=True, exist_ok=True)
     tuner = Tuner(lm, spec, config, data_dir)
     checkpoint = output / "checkpoint.safetensors"
-    start, curve = 0, []
+    state = RunState()
     if resume:
-        if not checkpoint.exists():
-            raise SoftevalError(f"nothing to resume: {checkpoint} not found")
-        start, curve = tuner.load_checkpoint(checkpoint)
-    if not curve:  # the untuned starting point, so the curve shows what tuning changed
-        curve.append({"step": 0, "train_loss": None, **tuner.validate()})
+        if checkpoint.exists():
+            state = tuner.load_checkpoint(checkpoint)
+            log.info("resuming %s at step %d of %d", output, state.step, config.steps)
+        else:
+            log.warning("no checkpoint in %s yet: tuning from step 0", output)
     started = time.perf_counter()
-    losses: list[float] = []
-    with progress_bar(f"{lm.name} {spec.name}: tune", config.steps, progress) as advance:
-        advance(start)
-        for step in range(start, config.steps):
+    with progress_bars(progress) as bars:
+        advance = bars.row(f"{lm.name} {spec.name}: tune", config.steps)
+        if not state.curve:  # the untuned starting point, so the curve shows what tuning changed
+            state.curve.append({"step": 0, "train_loss": None, **tuner.validate(bars)})
+        advance(state.step)
+        losses: list[float] = []
+        for step in range(state.step, config.steps):
             losses.append(tuner.step(step))
-            done = step + 1
-            if done % config.eval_every == 0 or done == config.steps:
-                curve.append({"step": done, "train_loss": sum(losses) / len(losses), **tuner.validate()})
+            state.step = step + 1
+            if state.step % config.eval_every == 0 or state.step == config.steps:
+                metrics = tuner.validate(bars)
+                state.curve.append({"step": state.step, "train_loss": sum(losses) / len(losses), **metrics})
                 losses = []
-                tuner.save_checkpoint(checkpoint, done, curve)
+                state.seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                tuner.save_checkpoint(checkpoint, state)
             advance(1)
     summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
         "steps": config.steps,
-        "final": curve[-1] if curve else {},
-        "tuning_seconds": round(time.perf_counter() - started, 2),
+        "final": state.curve[-1],
+        # the whole run's tuning time, resumed parts included
+        "tuning_seconds": round(state.seconds, 2),
     }
+    write_json_atomic(output / "curve.json", state.curve)
+    plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name}")
+    # the prompt last: where it exists, so do its curves (a finished run is reused by its prompt)
     save_soft_prompt(output / "soft_prompt.safetensors", tuner.prompt, summary)
-    write_json_atomic(output / "curve.json", curve)
-    plot_curve(curve, output / "curve.png", title=f"{lm.name} / {spec.name}")
     return summary
 
 
@@ -272,9 +346,9 @@ def sweep(
             trials.append({"lr": lr, "init": init, "steps": trial.steps, "final": summary["final"]})
     best = max(trials, key=lambda t: ((t["final"].get("task_accuracy") or 0.0), -t["final"]["val_loss"]))
     chosen = config.model_copy(update={"lr": best["lr"], "init": best["init"]})
+    write_json_atomic(output / "sweep.json", {"trials": trials, "chosen": {"lr": best["lr"], "init": best["init"]}})
     produced = sweep_record(sweep_steps, lrs, inits)
     summary = tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress, produced=produced)
-    write_json_atomic(output / "sweep.json", {"trials": trials, "chosen": {"lr": best["lr"], "init": best["init"]}})
     return summary | {"sweep": trials}
 
 
@@ -341,10 +415,20 @@ def plot_curve(curve: list[dict], path: Path, title: str) -> None:
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)
+
+
+def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:
+    """Without a validation split, a fifth of the tuning split is held out: it needs a few rows."""
+    ds = spec.dataset
+    if (not ds.validation_split or ds.validation_split == ds.tune_split) and n_rows < MIN_TUNING_ROWS:
+        raise SoftevalError(
+            f"task {spec.name}'s tuning split '{ds.tune_split}' has {n_rows} rows; tuning holds out a fifth "
+            f"for validation and needs at least {MIN_TUNING_ROWS}, or a validation_split in the spec"
+        )
 
 
 def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple[list[Example], list[Example]]:
@@ -354,5 +438,6 @@ def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple
     if spec.dataset.validation_split and spec.dataset.validation_split != spec.dataset.tune_split:
         val = load_examples(spec, spec.dataset.validation_split, data_dir, limit=config.val_size, seed=config.seed)
         return train, val
+    check_tuning_rows(spec, len(train))
     held = set(random.Random(config.seed).sample(range(len(train)), min(config.val_size, len(train) // 5)))
     return [e for i, e in enumerate(train) if i not in held], [e for i, e in enumerate(train) if i in held]

@@ -1,0 +1,106 @@
+"""Checks that run before any model loads, so a mistake costs seconds, not a finished evaluation.
+
+The model names must name something loadable; every split a command will read is loaded and
+validated row by row, and the spec's templates are rendered on every row; the number of
+demonstrations must fit the few-shot split; tuning needs rows to hold out for validation; the
+output folder must be a folder (or creatable) that can be written and has room.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from softeval._io import fix_for
+from softeval.data import load_examples
+from softeval.errors import SoftevalError
+from softeval.models import model_kind
+from softeval.task import TaskSpec
+from softeval.tune import check_tuning_rows
+
+MIN_FREE_BYTES = 64 << 20  # results, samples and prompts of a typical grid fit many times over
+PROBE_BYTES = 1 << 20  # written and removed, so a full disk or a file-size limit shows at once
+
+
+def check_before_work(
+    models: list[str],
+    specs: list[TaskSpec],
+    methods: list[str],
+    *,
+    k: int,
+    tuning: bool,
+    outputs: list[Path],
+    data_dir: str | Path | None,
+) -> None:
+    """Everything a command can check without loading a model, in the order a user fixes it."""
+    for name in models:
+        model_kind(name)
+    for spec in specs:
+        sizes = check_task(spec, splits_needed(spec, methods, tuning), data_dir)
+        if "few-shot" in methods:
+            check_demonstrations(spec, k, sizes)
+        if tuning:
+            check_tuning_rows(spec, sizes[spec.dataset.tune_split])
+    for folder in outputs:
+        check_output(folder)
+
+
+def check_task(spec: TaskSpec, splits: list[str | None], data_dir: str | Path | None) -> dict[str, int]:
+    """Load every row of each named split (errors name the file and line) and render the spec's
+    templates on every row; returns the rows per split."""
+    keys = ["template", "target"] + (["cloze_template"] if spec.is_multiple_choice else [])
+    sizes = {}
+    for split in dict.fromkeys(s for s in splits if s):
+        examples = load_examples(spec, split, data_dir)
+        for example in examples:
+            for key in keys:
+                spec.render(key, example)
+        sizes[split] = len(examples)
+    return sizes
+
+
+def splits_needed(spec: TaskSpec, methods: list[str], tuning: bool) -> list[str | None]:
+    """The splits a command reads: evaluation, few-shot demonstrations, tuning and validation."""
+    ds = spec.dataset
+    splits: list[str | None] = [ds.eval_split] if methods else []
+    if "few-shot" in methods:
+        splits.append(ds.fewshot_split)
+    if tuning:
+        splits += [ds.tune_split, ds.validation_split]
+    return splits
+
+
+def check_demonstrations(spec: TaskSpec, k: int, sizes: dict[str, int]) -> None:
+    ds = spec.dataset
+    available = sizes[ds.fewshot_split]
+    shared = ds.fewshot_split == ds.eval_split
+    if shared:  # an evaluated example is never its own demonstration
+        available -= 1
+    if k > available:
+        why = f"{available + 1} rows, shared with evaluation" if shared else f"{available} rows"
+        raise SoftevalError(
+            f"--k {k} is more demonstrations than task {spec.name}'s few-shot split "
+            f"'{ds.fewshot_split}' can give ({why}); use --k {available} or fewer"
+        )
+
+
+def check_output(folder: str | Path, option: str = "--output") -> None:
+    """The folder is one (or can be made under its nearest existing parent), is writable and has
+    room; nothing is created, so a later failure leaves no empty folders behind."""
+    folder = Path(folder)
+    existing = next(p for p in [folder, *folder.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        inside = "" if existing == folder else f" ({existing} is)"
+        raise SoftevalError(f"{option} {folder} is a file, not a folder{inside}; give a folder path")
+    try:  # an anonymous file: nothing to clean up, whatever happens
+        with tempfile.TemporaryFile(dir=existing) as probe:
+            probe.write(bytes(PROBE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise SoftevalError(f"cannot write in {existing} for {option} {folder}: {exc.strerror}; {fix_for(exc, option)}") from exc
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise SoftevalError(f"only {free >> 20} MiB free for {folder}; free disk space or choose another {option}")

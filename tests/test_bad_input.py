@@ -1,0 +1,340 @@
+"""Bad input: each mistake is one `error:` line (exit 2) naming the problem and the fix, found
+before any model loads, and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+
+import pytest
+from conftest import ROWS, write_user_task
+
+from softeval import cli
+from softeval._io import write_json_atomic
+from softeval.errors import SoftevalError
+
+ALIAS = "smollm2-135m-instruct"  # a valid --model that the checks below never get to load
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Loading a model fails the test: every check here must come first."""
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr("softeval.cli.load_model", load_model)
+    monkeypatch.setattr("softeval.study.load_model", load_model)
+
+
+def user_sees(monkeypatch, capsys, *args, code: int = 2) -> str:
+    """What `softeval ARGS` prints on stderr, checked to be one line; the exit code is checked too."""
+    monkeypatch.setattr("sys.argv", ["softeval", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == code, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def eval_args(task, out, *extra):
+    return ["eval", "--model", ALIAS, "--task", task, "--output", out, *extra]
+
+
+def assert_nothing_written(out):
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+
+
+# --- data files -------------------------------------------------------------------------------------
+
+
+def test_jsonl_that_is_not_utf8(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    data = tmp_path / "test.jsonl"
+    data.write_bytes(data.read_bytes() + '{"q": "caf\u00e9", "a": "x", "b": "y", "gold": 0}\n'.encode("latin-1"))
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"{data}:3: not UTF-8 text (byte 0xe9); re-encode the file as UTF-8" in line
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_csv_that_is_not_utf8(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS, fmt="csv")
+    data = tmp_path / "test.csv"
+    data.write_bytes(data.read_bytes().replace(b"Rome", "R\u00f6me".encode("latin-1"), 1))
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"{data}:2: not UTF-8 text" in line and "re-encode the file as UTF-8" in line
+
+
+def test_task_spec_that_is_not_utf8(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    task.write_bytes(b"# written in latin-1: caf\xe9\n" + task.read_bytes())
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"{task}:1: not UTF-8 text (byte 0xe9); re-encode the file as UTF-8" in line
+
+
+def test_option_labels_and_texts_of_different_lengths(tmp_path, monkeypatch, capsys, no_model_loading):
+    rows = [{**r, "labels": ["A", "B"]} for r in ROWS]
+    rows[1]["labels"] = ["A", "B", "C"]
+    fields = {"question": "q", "choices": "[a, b]", "labels": "labels", "answer": "gold"}
+    task = write_user_task(tmp_path, rows, fields=fields)
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"{tmp_path / 'test.jsonl'}:2: 3 option labels but 2 option texts; fix the row or drop it" in line
+
+
+def test_empty_split_names_the_file(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, [])
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"split 'test' has no rows ({tmp_path / 'test.jsonl'} is empty)" in line
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("Question: {{ questoin }}\nAnswer:", "'questoin' is undefined"),
+        ("{{ question.__class__ }}\nAnswer:", "access to attribute '__class__' of 'str' object is unsafe"),
+    ],
+)
+def test_template_checked_against_the_first_row(tmp_path, monkeypatch, capsys, no_model_loading, template, reason):
+    task = write_user_task(tmp_path, ROWS, template=template)
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"task spec {task}: template cannot be rendered for {tmp_path / 'test.jsonl'}:1: {reason}" in line
+    assert line.endswith("fix the template or the row")
+
+
+def test_field_that_uses_an_undefined_variable(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS, fields={"question": "question_text", "choices": "[a, b]", "answer": "gold"})
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert "test.jsonl:1: cannot compute field 'question' (question_text)" in line and "fix the task spec's fields" in line
+
+
+def test_error_text_is_printed_literally(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS, fields={"question": "q", "choices": "[a, b][c]", "answer": "gold"})
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert "cannot compute field 'choices' ([a, b][c])" in line  # brackets are text, not terminal markup
+
+
+def test_field_refused_by_the_sandbox(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS, fields={"question": "q.__class__.__name__", "choices": "[a, b]", "answer": "gold"})
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert "test.jsonl:1: cannot compute field 'question' (q.__class__.__name__)" in line
+
+
+@pytest.fixture
+def arc_mirror(tmp_path):
+    """A mirror folder holding ARC-Easy's splits, to be filled by the test."""
+    folder = tmp_path / "mirror" / "allenai" / "ai2_arc" / "ARC-Easy"
+    folder.mkdir(parents=True)
+    row = {"id": "1", "question": "Which is a gas?", "answerKey": "B",
+           "choices": {"text": ["rock", "steam", "ice"], "label": ["A", "B", "C"]}}
+    for split in ("train", "validation", "test"):
+        (folder / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    return folder
+
+
+def test_builtin_task_row_with_more_labels_than_options(tmp_path, monkeypatch, capsys, no_model_loading, arc_mirror):
+    row = json.loads((arc_mirror / "test.jsonl").read_text())
+    row["choices"]["label"].append("D")  # four labels, three option texts
+    (arc_mirror / "test.jsonl").write_text((arc_mirror / "test.jsonl").read_text() + json.dumps(row) + "\n")
+    line = user_sees(monkeypatch, capsys, *eval_args("arc_easy", tmp_path / "out", "--data-dir", tmp_path / "mirror"))
+    assert f"{arc_mirror / 'test.jsonl'}:2: 4 option labels but 3 option texts; fix the row or drop it" in line
+
+
+def test_empty_split_in_a_mirror_names_the_file(tmp_path, monkeypatch, capsys, no_model_loading, arc_mirror):
+    (arc_mirror / "test.jsonl").write_text("\n")
+    line = user_sees(monkeypatch, capsys, *eval_args("arc_easy", tmp_path / "out", "--data-dir", tmp_path / "mirror"))
+    assert f"task arc_easy: split 'test' has no rows ({arc_mirror / 'test.jsonl'} is empty)" in line
+
+
+def test_tuning_split_too_small_to_hold_out_validation(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", task, "--output", tmp_path / "out")
+    assert "task capitals's tuning split 'test' has 2 rows; tuning holds out a fifth for validation and needs at least 5" in line
+
+
+def test_model_path_that_does_not_exist(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    line = user_sees(monkeypatch, capsys, "eval", "--model", "./models/smol", "--task", task, "--output", tmp_path / "out")
+    assert "model folder not found: models/smol; check the path" in line
+
+
+# --- options ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--limit", "0"], "Invalid value for '--limit': Input should be greater than or equal to 1"),
+        (["--limit", "-3"], "Invalid value for '--limit'"),
+        (["--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (["--method", "few-shot", "--k", "0"], "Invalid value for '--k'"),
+        # an evaluated example is never its own demonstration: a shared split of 6 rows gives 5
+        (["--method", "few-shot", "--k", "6"], "--k 6 is more demonstrations than task capitals's few-shot split 'test' can give (6 rows, shared with evaluation); use --k 5 or fewer"),
+        (["--method", "soft-prompt"], "--method soft-prompt needs a tuned prompt (--prompt PATH)"),
+    ],
+)
+def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, expected):
+    task = write_user_task(tmp_path, ROWS * 3)
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out", *args))
+    assert expected in line
+    assert_nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "expected"),
+    [
+        ("tune", ["--steps", "0"], "Invalid value for '--steps'"),
+        ("tune", ["--batch-size", "0"], "Invalid value for '--batch-size'"),
+        ("tune", ["--lr", "0"], "--lr: input should be greater than 0"),
+        ("run", ["--steps", "-1"], "Invalid value for '--steps'"),
+        ("run", ["--limit", "0"], "Invalid value for '--limit'"),
+        ("run", ["--k", "100"], "--k 100 is more demonstrations"),
+    ],
+)
+def test_tune_and_run_options(tmp_path, monkeypatch, capsys, no_model_loading, command, args, expected):
+    task = write_user_task(tmp_path, ROWS * 3)
+    line = user_sees(monkeypatch, capsys, command, "--model", ALIAS, "--task", task, "--output", tmp_path / "out", *args)
+    assert expected in line
+    if expected.startswith("Invalid value"):
+        assert line.endswith(f"(see 'softeval {command} --help')")
+
+
+# --- the output folder ------------------------------------------------------------------------------
+
+
+def test_output_that_is_a_file(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    (tmp_path / "out").write_text("notes")
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"--output {tmp_path / 'out'} is a file, not a folder; give a folder path" in line
+    below = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out" / "run1"))
+    assert f"--output {tmp_path / 'out' / 'run1'} is a file, not a folder ({tmp_path / 'out'} is); give a folder path" in below
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs a Linux /sys, where no one may create files")
+def test_output_folder_that_is_not_writable(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS)
+    for out in ("/sys/softeval-results", "/sys"):  # to be made in a folder no one may write, or that folder
+        line = user_sees(monkeypatch, capsys, *eval_args(task, out))
+        assert f"cannot write in /sys for --output {out}: " in line and line.endswith("; choose a writable --output")
+    assert not os.path.exists("/sys/softeval-results")
+
+
+@pytest.fixture
+def small_file_size_limit():
+    """Writes beyond 256 KiB fail as on a full disk (EFBIG instead of the process being killed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_disk_that_fills_up_is_found_before_work(tmp_path, monkeypatch, capsys, no_model_loading, small_file_size_limit):
+    task = write_user_task(tmp_path, ROWS)
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert f"cannot write in {tmp_path} for --output {tmp_path / 'out'}: File too large; free disk space or choose another --output" in line
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, small_file_size_limit):
+    target = tmp_path / "results.json"
+    write_json_atomic(target, {"complete": True})
+    with pytest.raises(SoftevalError, match="cannot write .*results.json: File too large; free disk space or choose another output folder"):
+        write_json_atomic(target, {"big": "x" * (512 << 10)})
+    assert json.loads(target.read_text()) == {"complete": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+# --- checkpoints and unexpected errors ----------------------------------------------------------------
+
+
+def test_checkpoint_written_with_other_settings(tmp_path, monkeypatch, capsys, no_model_loading):
+    import torch
+    from safetensors.torch import save_file
+
+    from softeval.tune import TuneConfig
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    (tmp_path / "tuned").mkdir()
+    checkpoint = tmp_path / "tuned" / "checkpoint.safetensors"
+    save_file({"soft_prompt": torch.zeros(10, 4)}, str(checkpoint), metadata={"config": TuneConfig(steps=99).model_dump_json()})
+    line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", task, "--output", tmp_path / "tuned", "--resume")
+    assert f"checkpoint {checkpoint} was written with other settings (steps); resume with the same flags" in line
+
+
+def test_export_folder_checked_before_tuning(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS * 10)
+    (tmp_path / "adapter").write_text("a file")
+    line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", task, "--output", tmp_path / "tuned",
+                     "--export-peft", tmp_path / "adapter")
+    assert f"--export-peft {tmp_path / 'adapter'} is a file, not a folder" in line
+
+
+@pytest.mark.parametrize("content", [b"\x08\x00\x00\x00\x00\x00\x00\x00{\"soft", b"", "foreign"])
+def test_truncated_or_foreign_checkpoint(tmp_path, monkeypatch, capsys, no_model_loading, content):
+    task = write_user_task(tmp_path, ROWS * 10)
+    out = tmp_path / "tuned"
+    out.mkdir()
+    checkpoint = out / "checkpoint.safetensors"
+    if content == "foreign":  # a valid safetensors file that softeval did not write
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"weight": torch.zeros(2)}, str(checkpoint))
+    else:
+        checkpoint.write_bytes(content)
+    line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", task, "--output", out, "--resume")
+    assert f"checkpoint {checkpoint} is truncated or not a softeval tuning checkpoint" in line
+    assert line.endswith("delete it to tune from step 0")
+
+
+def test_unexpected_error_is_one_line_with_a_log(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("SOFTEVAL_DEBUG", raising=False)
+    monkeypatch.setattr(cli.settings, "debug", False)  # restored after the --debug run below
+
+    def broken(name):
+        raise RuntimeError("something internal broke\nsecond line")
+
+    monkeypatch.setattr("softeval.cli.load_task", broken)
+    line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", "arc_easy", "--output", tmp_path / "o", code=1)
+    assert line.startswith("error: unexpected RuntimeError: something internal broke; the traceback is in ")
+    assert line.endswith("(softeval --debug COMMAND ... prints it)")
+    log = line.split("the traceback is in ")[1].split(" (softeval --debug")[0]
+    assert log.startswith(str(tmp_path / "state"))
+    text = open(log).read()
+    assert "Traceback (most recent call last)" in text and "second line" in text and "softeval tune" in text
+    monkeypatch.setattr("sys.argv", ["softeval", "--debug", "tune", "--model", ALIAS, "--task", "arc_easy", "--output", str(tmp_path / "o")])
+    with pytest.raises(RuntimeError, match="something internal broke"):
+        cli.main()
+
+
+def test_a_later_row_that_cannot_be_rendered_names_its_line(tmp_path, tiny_llama):
+    from softeval import evaluate, load_task
+
+    rows = [{**ROWS[0], "hint": "Europe"}, ROWS[1]]  # the second row lacks the field the template uses
+    task = write_user_task(tmp_path, rows, template="Question: {{ question }} ({{ hint }})\n{{ options }}\nAnswer:")
+    with pytest.raises(SoftevalError, match=r"template cannot be rendered for .*test.jsonl:2: 'hint' is undefined; fix"):
+        evaluate(tiny_llama, load_task(task), "zero-shot", progress=False)
+
+
+def test_checkpoint_of_another_task_is_not_resumed(tmp_path, monkeypatch, capsys, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    args = ["tune", "--model", tiny_model_dirs["llama"], "--task", task, "--steps", 2, "--eval-every", 1,
+            "--val-size", 2, "--length", 2, "--output", tmp_path / "tuned", "--resume"]
+    monkeypatch.setattr("sys.argv", ["softeval", *map(str, args)])
+    with pytest.raises(SystemExit) as finished:
+        cli.main()
+    assert finished.value.code == 0
+    capsys.readouterr()
+    task.write_text(task.read_text().replace("Answer:", "The answer:"))  # now another task spec
+    with pytest.raises(SystemExit) as refused:
+        cli.main()
+    assert refused.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert last.startswith("error: checkpoint ")
+    assert last.endswith("was written for another model or task (or an edited task spec); delete it to tune from step 0, or choose another --output")
