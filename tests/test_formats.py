@@ -3,11 +3,13 @@ and the row validation each format owns."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import ROWS, mc_example, qa_example, write_user_task
 
 from softeval import SoftevalError, load_examples, load_task
-from softeval.formats import MultipleChoice, Number, ShortAnswer, normalize
+from softeval.formats import Math, MultipleChoice, Number, OptionText, ShortAnswer, normalize
 
 SPORE = mc_example(["seed", "spore", "pollen", "immature flower"], 1)
 FIGHT = mc_example(["call a teacher", "break up the fight", "walk away", "index fossils"], 0)
@@ -251,3 +253,84 @@ def test_readable_alias_keeps_capitals_without_an_ordinary_alias():
     assert fmt.readable("NATO", ["NATO", "N.A.T.O."]) == "NATO"
     assert fmt.readable("BLUE", ["BLUE", "Blue (colour)", "Blue"]) == "Blue"
     assert fmt.readable("STEPTOE", ["STEPTOE"]) == "Steptoe"
+
+
+# --- option text ---------------------------------------------------------------------------------------
+
+HEAT = mc_example(["heat", "heat and light", "water", "the wind"], 1)
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient, status",
+    [
+        (" heat and light", "B", "B", "answer"),
+        (" Heat and light.\nBecause ...", "B", "B", "answer"),  # case, punctuation, later lines
+        (" wind", "D", "D", "answer"),  # articles do not count
+        (" B", None, None, "no_answer"),  # a letter is not the option's text
+        (" It is heat and light, I think", None, "B", "answer"),  # "heat" inside the longer option
+        (" water or wind", None, None, "ambiguous"),
+        (" steam", None, None, "no_answer"),
+        ("", None, None, "no_answer"),
+    ],
+)
+def test_option_text(completion, strict, lenient, status):
+    fmt = OptionText()
+    assert fmt.strict(completion, HEAT).answer == strict
+    reading = fmt.lenient(completion, HEAT)
+    assert (reading.answer, reading.status) == (lenient, status)
+    assert fmt.is_correct(fmt.strict(" heat and light", HEAT).answer, HEAT)
+    assert fmt.chance(HEAT) == 0.25
+
+
+# --- math ------------------------------------------------------------------------------------------------
+
+QUADRATIC = (
+    "We factor $x^2 - 5x + 6 = (x-2)(x-3)$, so the roots are $2$ and $3$. Their ratio is"
+    " $\\frac{2}{3}$, hence the answer is $\\boxed{\\dfrac{2}{3}}$."
+)
+
+
+def math_example(answer: str):
+    return Math().example({"question": "q", "answer": answer, "solution": "s"}, index=0, source="t", row={})
+
+
+@pytest.mark.parametrize(
+    "completion, gold, strict, lenient, correct",
+    [
+        (QUADRATIC, "\\frac23", "\\dfrac{2}{3}", "\\dfrac{2}{3}", True),
+        ("The midpoint is $\\boxed{0.5}$.", "\\frac{1}{2}", "0.5", "0.5", True),
+        ("So $x = \\boxed{-8}$.", "8", "-8", "-8", False),  # the sign counts
+        ("The value is $\\boxed{3.5}$", "35", "3.5", "3.5", False),  # no digit-gluing normalisation
+        ("Hence $\\boxed{\\frac{1}{2}}$", "12", "\\frac{1}{2}", "\\frac{1}{2}", False),
+        ("The set is $\\boxed{[0, 1)}$.", "[0,1)", "[0, 1)", "[0, 1)", True),
+        ("The set is $\\boxed{(0, 1)}$.", "[0,1)", "(0, 1)", "(0, 1)", False),  # an interval, not a string
+        ("The point is $\\boxed{(1,2)}$.", "(1, 2)", "(1,2)", "(1,2)", True),
+        ("Nested: $\\boxed{\\frac{\\sqrt{3}}{2}}$ at last", "\\frac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", True),
+        ("Adding gives \\boxed 9.", "9", "9", "9", True),
+        ("First $\\boxed{4}$, but correcting the sign: $\\boxed{-4}$", "-4", "-4", "-4", True),  # the last box
+        ("Adding them up, the final answer is $14$.", "14", None, "14", True),
+        ("Answer: 2/3", "\\frac{2}{3}", None, "2/3", True),
+        ("We get $\\boxed{\\frac{1}{", "\\frac{1}{2}", None, None, False),  # cut off inside the box
+    ],
+)
+def test_math(completion, gold, strict, lenient, correct):
+    fmt, example = Math(), math_example(gold)
+    assert fmt.strict(completion, example).answer == strict
+    reading = fmt.lenient(completion, example).answer
+    assert reading == lenient
+    assert fmt.is_correct(reading, example) is correct
+
+
+def test_math_task_takes_the_answer_from_the_solution(tmp_path):
+    solution = "Since $3x + 2 = 11$, we have $3x = 9$ and $x = \\boxed{3}$."
+    folder = tmp_path / "EleutherAI" / "hendrycks_math" / "algebra"
+    folder.mkdir(parents=True)
+    row = {"problem": "Solve $3x + 2 = 11$.", "level": "Level 1", "type": "Algebra", "solution": solution}
+    (folder / "test.jsonl").write_text(json.dumps(row) + "\n")
+    spec = load_task("hendrycks_math")
+    (example,) = load_examples(spec, "test", tmp_path)
+    assert (example.question, example.answer, example.solution) == (row["problem"], "3", solution)
+    assert spec.format.is_correct(spec.format.strict(" " + solution, example).answer, example)
+    (folder / "test.jsonl").write_text(json.dumps({**row, "solution": "x is 3"}) + "\n")
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: gold answer None is empty or not text"):
+        load_examples(spec, "test", tmp_path)

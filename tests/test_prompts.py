@@ -6,9 +6,9 @@ import dataclasses
 import random
 
 import pytest
-from conftest import mc_example, reference_loglikelihood
+from conftest import mc_example, reference_loglikelihood, write_user_task
 
-from softeval import evaluate, load_examples, load_task
+from softeval import SoftevalError, evaluate, load_examples, load_task
 from softeval.formats import Example
 from softeval.prompts import Cloze, Prompt, PromptBuilder, choose_demos
 
@@ -226,3 +226,63 @@ def test_fitting_demos_tokenises_a_few_times_per_example_however_many_demos(tiny
         # and tokenise a few candidate prompts
         assert generation[0] <= k + 5 and max(generation[1:]) <= 3
         assert cloze[0] <= k + 1 + 3 * per_prompt and max(cloze[1:]) <= 3 * per_prompt
+
+
+# --- partial scoring (fill in the blank) --------------------------------------------------------------
+
+WINO = [
+    {"sentence": "The trophy does not fit in the suitcase because _ is too big.", "option1": "the trophy", "option2": "the suitcase", "answer": "1"},
+    {"sentence": "The cat chased the mouse until _ was tired of running.", "option1": "the cat", "option2": "the mouse", "answer": "2"},
+]
+PARTIAL = {
+    "fields": {
+        "question": "sentence",
+        "choices": "[option1, option2]",
+        "answer": "answer | int - 1",
+        "cloze_contexts": "[sentence.split('_')[0] ~ option1, sentence.split('_')[0] ~ option2]",
+        "cloze_continuation": "sentence.split('_')[1]",
+    },
+    "template": "{{ question }}\nA. {{ choices[0] }}\nB. {{ choices[1] }}\nAnswer:",
+    "cloze_template": "{{ cloze_context }}",
+}
+
+
+def test_partial_scoring_scores_the_continuation_after_each_option(tmp_path, tiny_llama):
+    from softeval.engine import Engine
+
+    spec = load_task(write_user_task(tmp_path, WINO, **PARTIAL))
+    example = load_examples(spec, "test")[0]
+    requests = PromptBuilder(spec, tiny_llama).cloze_requests(example)
+    assert len(requests) == 2
+    for request, option in zip(requests, ["the trophy", "the suitcase"]):
+        context = tiny_llama.tokenizer.decode(request.context_ids, skip_special_tokens=True)
+        (continuation,) = request.continuation_ids
+        assert context == f"The trophy does not fit in the suitcase because {option}"
+        assert tiny_llama.tokenizer.decode(continuation) == " is too big."
+    scores = Engine(tiny_llama).loglikelihood(requests)
+    for request, (score,) in zip(requests, scores):
+        reference = reference_loglikelihood(tiny_llama, request.context_ids, request.continuation_ids[0])
+        assert abs(score - reference) < 1e-4
+
+
+def test_partial_scoring_end_to_end(tmp_path, tiny_llama):
+    spec = load_task(write_user_task(tmp_path, WINO, **PARTIAL))
+    result = evaluate(tiny_llama, spec, "few-shot", k=1, progress=False)
+    for sample in result.samples:
+        assert len(sample.option_loglikelihoods) == 2
+        best = max(range(2), key=lambda i: sample.option_loglikelihoods[i])
+        assert sample.knowledge_correct == (best == ["A", "B"].index(sample.gold))
+
+
+def test_partial_scoring_spec_passes_the_checks_before_work(tmp_path):
+    from softeval.preflight import check_task
+
+    spec = load_task(write_user_task(tmp_path, WINO, **PARTIAL))
+    assert check_task(spec, ["test"], None) == {"test": 2}
+
+
+def test_partial_scoring_fields_are_checked(tmp_path):
+    fields = {**PARTIAL["fields"], "cloze_contexts": "[sentence]"}
+    spec = load_task(write_user_task(tmp_path, WINO, **{**PARTIAL, "fields": fields}))
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: field 'cloze_contexts' must be a list of 2 non-empty texts"):
+        load_examples(spec, "test")

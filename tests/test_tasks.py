@@ -10,7 +10,8 @@ from conftest import ROWS, write_user_task
 from softeval import SoftevalError, builtin_tasks, load_examples, load_task
 from softeval.prompts import question_text, target_text, tuning_target
 
-EXPECTED = {"arc_easy", "arc_challenge", "mmlu", "commonsense_qa", "boolq", "gsm8k", "triviaqa", "nq_open"}
+EXPECTED = {"arc_easy", "arc_challenge", "arc_easy_text", "arc_challenge_text", "mmlu", "commonsense_qa", "boolq",
+            "gsm8k", "triviaqa", "nq_open"}
 
 
 def test_all_builtin_tasks_are_declared():
@@ -119,3 +120,85 @@ def test_spec_missing_a_required_field_is_rejected(tmp_path):
     path = write_user_task(tmp_path, ROWS, fields={"question": "q", "answer": "gold"})
     with pytest.raises(SoftevalError, match="needs fields: choices"):
         load_task(path)
+
+
+# --- include, filter, options from columns, spec-time checks -----------------------------------------
+
+
+def test_include_overrides_field_by_field():
+    easy, challenge, text = load_task("arc_easy"), load_task("arc_challenge"), load_task("arc_challenge_text")
+    assert challenge.dataset.config == text.dataset.config == "ARC-Challenge"
+    assert challenge.dataset.model_copy(update={"config": "ARC-Easy"}) == easy.dataset
+    assert (challenge.fields, challenge.template, challenge.target) == (easy.fields, easy.template, easy.target)
+    assert text.answer_format == "option_text" and text.target == " {{ answer_text }}" and text.fields == easy.fields
+
+
+def test_include_of_a_user_spec_keeps_its_data_files(tmp_path):
+    (tmp_path / "base").mkdir()
+    base = write_user_task(tmp_path / "base", ROWS)
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"include: base/{base.name}\nname: capitals_cued\ntemplate: 'Q: {{{{ question }}}}\\n{{{{ options }}}}\\nA:'\n")
+    spec = load_task(variant)
+    assert spec.name == "capitals_cued" and spec.template.startswith("Q: ")
+    examples = load_examples(spec, "test")  # data_files stay relative to the base spec's file
+    assert [e.question for e in examples] == [r["q"] for r in ROWS]
+
+
+def test_include_cycle_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    with pytest.raises(SoftevalError, match="includes itself in the end; break the cycle"):
+        load_task(tmp_path / "a.yaml")
+
+
+def test_filter_skips_rows_and_counts_them(tmp_path):
+    rows = [*ROWS, {**ROWS[0], "q": ""}, {**ROWS[1], "q": "Capital of Spain?", "b": ""}]
+    spec = load_task(write_user_task(tmp_path, rows, filter="q and a and b"))
+    examples = load_examples(spec, "test")
+    assert [e.index for e in examples] == [0, 1]  # indices stay the rows' positions in the split
+    from softeval.data import data_identity
+
+    identity = data_identity(spec, "test", None)
+    assert (identity["rows"], identity["filtered_out"]) == (4, 2)
+    none_left = load_task(write_user_task(tmp_path, ROWS, filter="false"))
+    with pytest.raises(SoftevalError, match=r"the filter \(false\) keeps none of the 2 rows of split 'test'"):
+        load_examples(none_left, "test")
+
+
+def test_choices_from_columns_places_the_answer_by_a_seeded_shuffle(tmp_path):
+    rows = [{"q": f"Question {i}?", "right": f"yes {i}", "w1": f"no {i}", "w2": f"never {i}", "w3": f"maybe {i}"} for i in range(40)]
+    choices_from = {"correct": "right", "distractors": ["w1", "w2", "w3"]}
+    spec = load_task(write_user_task(tmp_path, rows, fields={"question": "q"}, choices_from=choices_from))
+    examples = load_examples(spec, "test")
+    assert all(e.choices[e.answer_index] == f"yes {e.index}" for e in examples)
+    assert all(sorted(e.choices) == sorted(rows[e.index][k] for k in ("right", "w1", "w2", "w3")) for e in examples)
+    positions = [e.answer_index for e in examples]
+    assert set(positions) == {0, 1, 2, 3}  # the correct answer is not always in one place
+    assert positions == [e.answer_index for e in load_examples(spec, "test")]  # the same on every run
+
+
+def test_empty_template_is_found_before_work(tmp_path):
+    from softeval.preflight import check_task
+
+    spec = load_task(write_user_task(tmp_path, ROWS, cloze_template="{{ '' }}"))
+    with pytest.raises(SoftevalError, match=r"cloze_template renders to nothing for .*test\.jsonl:1; give the cloze_template some text"):
+        check_task(spec, ["test"], None)
+
+
+def test_string_label_used_as_an_index_says_to_add_int(tmp_path):
+    spec = load_task(write_user_task(tmp_path, [{**r, "gold": str(r["gold"])} for r in ROWS]))
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: answer index '0' is text, not a number; add `\| int`"):
+        load_examples(spec, "test")
+
+
+def test_multiple_choice_needs_a_cloze_template(tmp_path):
+    with pytest.raises(SoftevalError, match="answer_format multiple_choice needs a cloze_template"):
+        load_task(write_user_task(tmp_path, ROWS, cloze_template=None))
+
+
+def test_text_task_targets_the_option_text(mirror):
+    spec = load_task("arc_easy_text")
+    example = load_examples(spec, "test", mirror, limit=1)[0]
+    prompt = question_text(spec, example)
+    assert all(f"- {choice}" in prompt for choice in example.choices) and "A. " not in prompt
+    assert target_text(spec, example) == " " + example.choices[example.answer_index]

@@ -18,9 +18,11 @@ from jinja2 import TemplateError, Undefined, UndefinedError
 from softeval._io import file_sha256, read_utf8
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
-from softeval.task import TaskSpec, compile_fields
+from softeval.task import TaskSpec, compile_fields, keeps
 
 DATA_ENV = "SOFTEVAL_DATA_DIR"
+# what an expression can raise on a row: undefined names, sandbox refusals, bad types or indices
+FIELD_ERRORS = (UndefinedError, TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -43,11 +45,14 @@ def load_examples(
     if not rows:
         where = split_source(spec, split, data_dir)
         raise SoftevalError(f"task {spec.name}: split '{split}' has no rows ({where} is empty); check the data source")
-    indices = range(len(rows))
-    if limit is not None and limit < len(rows):
-        indices = sorted(random.Random(seed).sample(indices, limit))
+    kept = [i for i, (row, source) in enumerate(rows) if _keeps(spec, row, source)]
+    if not kept:
+        raise SoftevalError(f"task {spec.name}: the filter ({spec.filter}) keeps none of the {len(rows)} rows of split '{split}'")
+    if limit is not None and limit < len(kept):
+        kept = sorted(random.Random(seed).sample(kept, limit))
     extract, answer_format = compile_fields(spec), spec.format
-    return [_to_example(spec, answer_format, extract, i, *rows[i]) for i in indices]
+    # an example's index is its row's position in the split, filtered rows counted
+    return [_to_example(spec, answer_format, extract, i, *rows[i]) for i in kept]
 
 
 def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) -> list[tuple[dict, str]]:
@@ -84,6 +89,9 @@ def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
     """Which data a split was read from: the spec's hash, the file and its sha256 (or the hub path)."""
     identity = {"task": spec.name, "task_spec": spec.source_file, "spec_sha256": spec.sha256(), "split": split}
+    if spec.filter is not None:  # skipped rows are counted, never silently dropped
+        rows = load_rows(spec, split, data_dir)
+        identity |= {"rows": len(rows), "filtered_out": sum(not _keeps(spec, row, where) for row, where in rows)}
     source = split_source(spec, split, data_dir)
     if isinstance(source, str):
         return identity | {"source": source}
@@ -151,12 +159,24 @@ def _read_hub(spec: TaskSpec, split: str) -> list[tuple[dict, str]]:
     return [(row, f"{name}[{i}]") for i, row in enumerate(table)]
 
 
+def _keeps(spec: TaskSpec, row: dict, source: str) -> bool:
+    try:
+        return keeps(spec, row)
+    except FIELD_ERRORS as exc:
+        raise SoftevalError(f"{source}: cannot evaluate the filter ({spec.filter}): {exc}; fix the task spec's filter or the row") from exc
+
+
 def _to_example(spec: TaskSpec, answer_format: AnswerFormat, extract: dict, index: int, row: dict, source: str) -> Example:
     values = {}
+    if spec.choices_from is not None:
+        try:
+            values["choices"], values["answer"] = spec.choices_from.options(row)
+        except FIELD_ERRORS as exc:
+            raise SoftevalError(f"{source}: cannot build the options from choices_from: {exc}; fix the spec or the row") from exc
     for name, fn in extract.items():
         try:
             values[name] = fn(**row)
-        except (UndefinedError, TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        except FIELD_ERRORS as exc:
             raise _field_error(spec, name, source, str(exc)) from exc
         if _has_undefined(values[name]):
             raise _field_error(spec, name, source, "the row lacks a field it uses")

@@ -151,16 +151,19 @@ def run_examples(
     """Generate and score every example; returns the sample records and the time each stage took."""
     tick = time.perf_counter()
     prompts = [builder.generation(ex) for ex in examples]
-    clozes = [builder.cloze(ex) for ex in examples] if spec.is_multiple_choice else None
+    requests = [builder.cloze_requests(ex) for ex in examples] if spec.is_multiple_choice else None
     timings = {"prepare": time.perf_counter() - tick}
     tick = time.perf_counter()
     advance = bars.row(f"{label}: generate", len(prompts))
     completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens, advance)
     timings["generate"] = time.perf_counter() - tick
     loglikelihoods = None
-    if clozes is not None:
+    if requests is not None:
         tick = time.perf_counter()
-        loglikelihoods = engine.loglikelihood(clozes, bars.row(f"{label}: score options", len(clozes)))
+        flat = [cloze for per_example in requests for cloze in per_example]
+        scores = iter(engine.loglikelihood(flat, bars.row(f"{label}: score options", len(flat))))
+        # back to one list of option scores per example, whatever the requests per example
+        loglikelihoods = [[x for _ in per_example for x in next(scores)] for per_example in requests]
         timings["loglikelihood"] = time.perf_counter() - tick
 
     answer_format = spec.format
@@ -172,7 +175,7 @@ def run_examples(
             source=example.source,
             prompt=prompt.text,
             n_demos=prompt.n_demos,
-            truncated=prompt.truncated or bool(clozes and clozes[i].truncated),
+            truncated=prompt.truncated or bool(requests and any(c.truncated for c in requests[i])),
             raw_completion=completion.raw,
             completion=completion.text,
             stop_reason=completion.stop_reason,

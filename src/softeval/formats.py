@@ -27,11 +27,24 @@ Multiple choice (`multiple_choice`), one rule for both parsers, applied to the f
 * Strict: the line starts with an option letter and is not ambiguous or a conflict.
   Lenient: exactly one option is named, anywhere in the line.
 * A spec may map `labels` to the row's own option labels; each row must then have one per option text.
+* Knowledge scores each option's text after the cloze context. With partial scoring (fields
+  `cloze_contexts`, one per option, and `cloze_continuation`), it scores the one continuation after
+  each option's own context instead, as fill-in-the-blank benchmarks do.
+
+Option text (`option_text`): multiple choice answered with the option's words. Strict: the first
+line equals one option's text after SQuAD normalisation (case, punctuation, articles). Lenient:
+exactly one option's text appears in the first line (a text inside a longer option's text counts for
+the longer one). The answer is recorded as that option's letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional thousands separators and decimals and is not
 part of a fraction (`1/2` is no number here). Answers are compared as numbers (`1,250` =
 `1250.0`).
+
+Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` (nested braces) or
+`\\boxed 9`; lenient also takes a final-answer line ("The final answer is 7", "Answer: 7"). Correct
+means mathematically equivalent to the gold answer by math-verify (`0.5` = `\\frac{1}{2}`,
+`-8` is not `8`; intervals and tuples compare as such), never by string normalisation.
 
 Short answer (`short_answer`, TriviaQA, NQ-open): the answer is the first non-empty line.
 Strict: at most `max_answer_words` words and not a list of candidates. Lenient: a gold alias
@@ -71,10 +84,20 @@ class Example:
     answer_index: int | None = None
     aliases: list[str] = field(default_factory=list)
     solution: str | None = None
+    # partial scoring: each option's own context, and the one continuation scored after each
+    cloze_contexts: list[str] | None = None
+    cloze_continuation: str | None = None
 
     @property
     def letters(self) -> list[str]:
         return list(LETTERS[: len(self.choices or [])])
+
+    @property
+    def scored_texts(self) -> list[str]:
+        """The text whose loglikelihood is scored for each option."""
+        if self.cloze_contexts is not None:
+            return [self.cloze_continuation or ""] * len(self.cloze_contexts)
+        return list(self.choices or [])
 
     def template_values(self) -> dict:
         """What prompt and target templates can refer to: the row's own fields plus ours."""
@@ -85,6 +108,7 @@ class Example:
                 choices=self.choices,
                 letters=self.letters,
                 letter=self.answer,
+                answer_text=self.choices[self.answer_index] if self.answer_index is not None else None,
                 options="\n".join(f"{l}. {c}" for l, c in zip(self.letters, self.choices)),
             )
         return values
@@ -176,9 +200,12 @@ class MultipleChoice(AnswerFormat):
             raise SoftevalError(f"{source}: field 'labels' must be a list (one label per option)")
         if labels is not None and len(labels) != len(choices):
             raise SoftevalError(f"{source}: {len(labels)} option labels but {len(choices)} option texts; fix the row or drop it")
+        if isinstance(gold, str) and gold.strip().isdigit():
+            raise SoftevalError(f"{source}: answer index {gold!r} is text, not a number; add `| int` to the spec's answer field")
         if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
             raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
         example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]
+        example.cloze_contexts, example.cloze_continuation = _partial_scoring(values, len(choices), source)
         return example
 
     def strict(self, completion: str, example: Example) -> Reading:
@@ -290,6 +317,52 @@ def _without_article(text: str) -> str:
 
 def _ends_word(text: str, position: int) -> bool:
     return position >= len(text) or not text[position].isalnum()
+
+
+# --- option text: answer with the option's own words ---------------------------------------------------
+
+
+def _partial_scoring(values: dict, n_options: int, source: str) -> tuple[list[str] | None, str | None]:
+    """The optional `cloze_contexts` (one per option) and `cloze_continuation` fields, checked."""
+    contexts, continuation = values.get("cloze_contexts"), values.get("cloze_continuation")
+    if contexts is None and continuation is None:
+        return None, None
+    if not (isinstance(contexts, list) and len(contexts) == n_options and all(isinstance(c, str) and c for c in contexts)):
+        raise SoftevalError(f"{source}: field 'cloze_contexts' must be a list of {n_options} non-empty texts, one per option")
+    if not isinstance(continuation, str) or not continuation.strip():
+        raise SoftevalError(f"{source}: field 'cloze_continuation' must be the non-empty text scored after each context")
+    return contexts, continuation
+
+
+class OptionText(MultipleChoice):
+    """Multiple choice answered with the text of an option rather than its letter. The answer is
+    still recorded as the option's letter, so diagnostics and knowledge work as for letters."""
+
+    name = "option_text"
+
+    def strict(self, completion: str, example: Example) -> Reading:
+        line = _first_line(completion)
+        if not line:
+            return Reading.none("no_answer", "empty completion")
+        said = normalize(line)
+        equal = [letter for letter, choice in zip(example.letters, example.choices or []) if normalize(choice) == said]
+        if len(equal) > 1:
+            return Reading.none("ambiguous", f"equals the text of several options: {', '.join(equal)}")
+        if not equal:
+            return Reading.none("no_answer", f"first line is not one option's text: {line[:30]!r}")
+        return Reading(equal[0])
+
+    def lenient(self, completion: str, example: Example) -> Reading:
+        line = f" {normalize(_first_line(completion))} "
+        texts = {letter: normalize(choice) for letter, choice in zip(example.letters, example.choices or [])}
+        found = {letter: text for letter, text in texts.items() if text and f" {text} " in line}
+        # a text inside a longer named text ("heat" in "heat and light") belongs to the longer one
+        distinct = [l for l, t in found.items() if not any(o != t and f" {t} " in f" {o} " for o in found.values())]
+        if not distinct:
+            return Reading.none("no_answer", "names no option's text")
+        if len(distinct) > 1:
+            return Reading.none("ambiguous", f"names several options: {', '.join(distinct)}")
+        return Reading(distinct[0])
 
 
 # --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
@@ -452,9 +525,68 @@ def _first_line(completion: str) -> str:
     return completion.strip().split("\n", 1)[0].strip()
 
 
+# --- math: a \\boxed{} answer, compared by mathematical equivalence ---------------------------------
+
+_FINAL_ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*\$?([^\n$]+?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (braces nested to any depth) or `\\boxed 9`."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    rest = text[start + len("\\boxed") :]
+    if not rest.startswith("{"):
+        bare = re.match(r"\s+([^\s$]+)", rest)  # "\boxed 9"
+        return bare.group(1).rstrip(".,;") if bare else None
+    depth = 0
+    for i, ch in enumerate(rest):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth == 0:
+            return rest[1:i].strip()
+    return None  # unbalanced: the completion was cut
+
+
+class Math(AnswerFormat):
+    name = "math"
+    fields = ("question", "answer", "solution")
+
+    def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
+        example = super().example(values, index=index, source=source, row=row)
+        answer = values["answer"]
+        if not isinstance(answer, str | int | float) or isinstance(answer, bool) or not str(answer).strip():
+            raise SoftevalError(f"{source}: gold answer {answer!r} is empty or not text; the math format needs one")
+        example.answer = str(answer).strip()
+        example.solution = values.get("solution")
+        return example
+
+    def strict(self, completion: str, example: Example) -> Reading:
+        boxed = last_boxed(completion)
+        if boxed is None:
+            return Reading.none("no_answer", "no \\boxed{} answer")
+        return Reading(boxed) if boxed else Reading.none("no_answer", "an empty \\boxed{}")
+
+    def lenient(self, completion: str, example: Example) -> Reading:
+        boxed = self.strict(completion, example)
+        if boxed.answer is not None:
+            return boxed
+        lines = _FINAL_ANSWER.findall(completion)
+        return Reading(lines[-1].strip()) if lines else Reading.none("no_answer", "no boxed answer or final-answer line")
+
+    def is_correct(self, answer: str | None, example: Example) -> bool:
+        return answer is not None and equivalent(answer, example.answer)
+
+
+def equivalent(answer: str, gold: str) -> bool:
+    """Mathematical equivalence by math-verify: 0.5 = \\frac{1}{2}, intervals and tuples as such."""
+    from math_verify import parse, verify
+
+    return bool(verify(parse(f"${gold}$"), parse(f"${answer}$")))
+
+
 # --- the registry ------------------------------------------------------------------------------------
 
-FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, Number, ShortAnswer)}
+FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, OptionText, Number, Math, ShortAnswer)}
 
 
 def answer_format(name: str, *, max_answer_words: int = 10, normalization: Normalization = "squad") -> AnswerFormat:

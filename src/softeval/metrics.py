@@ -111,15 +111,15 @@ def score_sample(
         knowledge_correct=lenient_correct,
     )
     if option_loglikelihoods is not None:
-        judgement["knowledge_correct"] = _cloze_pick(option_loglikelihoods, example.choices or []) == example.answer_index
+        judgement["knowledge_correct"] = _cloze_pick(option_loglikelihoods, example.scored_texts) == example.answer_index
         judgement["option_loglikelihoods"] = [x if math.isfinite(x) else None for x in option_loglikelihoods]
     return Judgement(**judgement)
 
 
-def _cloze_pick(loglikelihoods: list[float], choices: list[str]) -> int | None:
-    """The option with the highest loglikelihood per character (lm-eval's acc_norm); None when no
-    option could be scored."""
-    normalised = [ll / max(len(c), 1) for ll, c in zip(loglikelihoods, choices)]
+def _cloze_pick(loglikelihoods: list[float], scored: list[str]) -> int | None:
+    """The option with the highest loglikelihood per character of the scored text (lm-eval's
+    acc_norm); None when no option could be scored."""
+    normalised = [ll / max(len(c), 1) for ll, c in zip(loglikelihoods, scored)]
     best = max(range(len(normalised)), key=normalised.__getitem__)
     return best if math.isfinite(normalised[best]) else None
 

@@ -56,7 +56,13 @@ def check_task(spec: TaskSpec, splits: list[str | None], data_dir: str | Path | 
         examples = load_examples(spec, split, data_dir)
         for example in examples:
             for key in keys:
-                spec.render(key, example)
+                # partial scoring: the cloze template renders each option's context
+                contexts = example.cloze_contexts if key == "cloze_template" and example.cloze_contexts else [None]
+                if not all(spec.render(key, example, cloze_context=c).strip() for c in contexts):
+                    raise SoftevalError(
+                        f"task spec {spec.source_file or spec.name}: {key} renders to nothing for {example.source}; "
+                        f"give the {key} some text"
+                    )
         sizes[split] = len(examples)
     return sizes
 

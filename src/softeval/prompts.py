@@ -35,6 +35,11 @@ class Cloze:
     truncated: bool = False
 
 
+def _gold_context(example: Example) -> str | None:
+    """Partial scoring: the context of the example's correct option (None otherwise)."""
+    return example.cloze_contexts[example.answer_index] if example.cloze_contexts else None
+
+
 def question_text(spec: TaskSpec, example: Example) -> str:
     return spec.render("template", example)
 
@@ -90,14 +95,23 @@ class PromptBuilder:
 
     # --- loglikelihood (knowledge) -------------------------------------------------------------
 
-    def cloze(self, example: Example) -> Cloze:
+    def cloze_requests(self, example: Example) -> list[Cloze]:
+        """What knowledge scores for an example: every option after one shared context or, with
+        partial scoring, the one continuation after each option's own context (one request each)."""
+        if example.cloze_contexts is None:
+            return [self.cloze(example)]
+        return [self.cloze(example, context) for context in example.cloze_contexts]
+
+    def cloze(self, example: Example, option_context: str | None = None) -> Cloze:
         """Context and option continuations for cloze scoring, under the same conditioning
-        (demonstrations, chat template) as the generative prompt."""
+        (demonstrations, chat template) as the generative prompt. With `option_context` (partial
+        scoring), the context is that option's and the continuation the example's one continuation."""
         delimiter = "" if self.chat else " "
+        continuations = example.choices if option_context is None else [(example.cloze_continuation or "").strip()]
 
         def attempt(shown: list[Example]) -> tuple[int, list[tuple[list[int], list[int]]]]:
-            context = self._assemble(example, shown, cloze=True)
-            pairs = [self._encode_pair(context, delimiter + choice) for choice in example.choices]
+            context = self._assemble(example, shown, cloze=True, option_context=option_context)
+            pairs = [self._encode_pair(context, delimiter + text) for text in continuations]
             return max(len(c) + len(o) for c, o in pairs), pairs
 
         _, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True)
@@ -157,24 +171,37 @@ class PromptBuilder:
                 self._costs[id(demo), cloze] = measure([demo]) - bare
         return [self._costs[id(d), cloze] for d in demos]
 
-    def _assemble(self, example: Example, demos: list[Example], *, cloze: bool) -> str:
-        spec = self.spec
-        template = "cloze_template" if cloze else "template"
-        ask = lambda ex: spec.render(template, ex)  # noqa: E731
-        answer = (lambda ex: ex.choices[ex.answer_index]) if cloze else (lambda ex: target_text(spec, ex).strip())
+    def _assemble(self, example: Example, demos: list[Example], *, cloze: bool, option_context: str | None = None) -> str:
+        question = self._shown(example, cloze=cloze, option_context=option_context)
+        ask = lambda ex: self._shown(ex, cloze=cloze)  # noqa: E731
+        answer = lambda ex: self._answer(ex, cloze=cloze)  # noqa: E731
         # cloze prompts carry no instruction: it asks for a letter, which cloze scoring does not use
-        instruction = "" if cloze else spec.instruction
+        instruction = "" if cloze else self.spec.instruction
         if not self.chat:
             parts = [instruction] if instruction else []
             parts += [f"{ask(d)} {answer(d)}" for d in demos]
-            return DEMO_SEPARATOR.join([*parts, ask(example)])
+            return DEMO_SEPARATOR.join([*parts, question])
         messages = []
         for demo in demos:
             messages += [{"role": "user", "content": ask(demo)}, {"role": "assistant", "content": answer(demo)}]
-        messages.append({"role": "user", "content": ask(example)})
+        messages.append({"role": "user", "content": question})
         if instruction:
             messages[0]["content"] = instruction + DEMO_SEPARATOR + messages[0]["content"]
         return self.lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _shown(self, example: Example, *, cloze: bool, option_context: str | None = None) -> str:
+        """An example as a prompt shows it before its answer; in cloze prompts with partial
+        scoring, the context of `option_context`, or of its gold option for a demonstration."""
+        if not cloze:
+            return self.spec.render("template", example)
+        return self.spec.render("cloze_template", example, cloze_context=option_context or _gold_context(example))
+
+    def _answer(self, demo: Example, *, cloze: bool) -> str:
+        """A demonstration's answer: its target, or in cloze prompts its gold option's text (with
+        partial scoring, the continuation after the gold option's context)."""
+        if not cloze:
+            return target_text(self.spec, demo).strip()
+        return (demo.cloze_continuation or "").strip() if demo.cloze_contexts else demo.choices[demo.answer_index]
 
     def _tokens(self, text: str) -> list[int]:
         ids = self.lm.encode(text)

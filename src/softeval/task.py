@@ -9,6 +9,8 @@ Built-in specs live in `softeval/tasks/*.yaml`; a user spec is any YAML file of 
 from __future__ import annotations
 
 import hashlib
+import json
+import random
 import re
 from functools import cache
 from importlib.resources import files
@@ -21,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from softeval._io import read_utf8
 from softeval.errors import SoftevalError
-from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format
+from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format, last_boxed
 
 
 class DatasetSpec(BaseModel):
@@ -37,6 +39,24 @@ class DatasetSpec(BaseModel):
     data_files: dict[str, str] | None = None
 
 
+class ChoicesFrom(BaseModel):
+    """Options built from separate columns: the correct answer placed among the distractors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    correct: str = Field(description="expression for the correct option's text")
+    distractors: list[str] = Field(min_length=1, description="expressions for the other options' texts")
+
+    def options(self, row: dict) -> tuple[list, int]:
+        """The options in a shuffled order and the correct one's index. The order is seeded by the
+        row's content alone, so it is the same on every run and on every machine."""
+        correct = _evaluate(self.correct, row)
+        options = [correct, *(_evaluate(d, row) for d in self.distractors)]
+        order = list(range(len(options)))
+        random.Random(json.dumps(row, sort_keys=True, default=str)).shuffle(order)
+        return [options[i] for i in order], order.index(0)
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +65,8 @@ class TaskSpec(BaseModel):
     dataset: DatasetSpec
     answer_format: str = Field(description=f"one of: {', '.join(FORMATS)}")
     fields: dict[str, str]
+    choices_from: ChoicesFrom | None = Field(None, description="multiple choice: `choices` and `answer` from columns")
+    filter: str | None = Field(None, description="expression over a row: rows where it is false are skipped")
     instruction: str = ""
     template: str
     cloze_template: str | None = None
@@ -61,14 +83,19 @@ class TaskSpec(BaseModel):
             raise ValueError(f"unknown answer_format '{self.answer_format}'; choose one of: {', '.join(FORMATS)}")
         if FORMATS[self.answer_format].has_options and not self.cloze_template:
             raise ValueError(f"answer_format {self.answer_format} needs a cloze_template (the question for option scoring)")
-        missing = [f for f in FORMATS[self.answer_format].fields if f not in self.fields]
+        built = {"choices", "answer"} if self.choices_from else set()
+        missing = [f for f in FORMATS[self.answer_format].fields if f not in self.fields and f not in built]
         if missing:
             raise ValueError(f"answer_format {self.answer_format} needs fields: {', '.join(missing)}")
-        for name, expression in self.fields.items():
+        expressions = dict(self.fields) | ({"filter": self.filter} if self.filter else {})
+        if self.choices_from:
+            expressions["choices_from.correct"] = self.choices_from.correct
+            expressions |= {f"choices_from.distractors[{i}]": d for i, d in enumerate(self.choices_from.distractors)}
+        for name, expression in expressions.items():
             try:
                 _env().compile_expression(expression)
             except TemplateError as exc:
-                raise ValueError(f"field '{name}': invalid expression {expression!r}: {exc}") from exc
+                raise ValueError(f"{name}: invalid expression {expression!r}: {exc}") from exc
         for name in ("template", "cloze_template", "target"):
             if getattr(self, name) is not None:
                 try:
@@ -86,10 +113,11 @@ class TaskSpec(BaseModel):
     def is_multiple_choice(self) -> bool:
         return FORMATS[self.answer_format].has_options
 
-    def render(self, key: str, example: Example) -> str:
-        """One of the spec's templates (`template`, `cloze_template`, `target`) for one example."""
+    def render(self, key: str, example: Example, **extra) -> str:
+        """One of the spec's templates (`template`, `cloze_template`, `target`) for one example;
+        `extra` values are added to the example's (an option's `cloze_context`)."""
         try:
-            return _compiled_template(getattr(self, key)).render(example.template_values())
+            return _compiled_template(getattr(self, key)).render(example.template_values() | extra)
         except RENDER_ERRORS as exc:
             where = self.source_file or f"task {self.name}"
             raise SoftevalError(
@@ -111,17 +139,32 @@ def _env() -> SandboxedEnvironment:
     """Jinja sandbox for spec expressions: user specs cannot reach Python internals."""
     env = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=False)
     env.filters["regex_replace"] = lambda s, pattern, repl="": re.sub(pattern, repl, s)
+    env.filters["last_boxed"] = last_boxed  # a math solution's final answer
     return env
 
 
 def compile_fields(spec: TaskSpec) -> dict:
     """The spec's field expressions, compiled once: name -> callable(row) -> value."""
-    return {name: _env().compile_expression(expr, undefined_to_none=False) for name, expr in spec.fields.items()}
+    return {name: _compiled_expression(expr) for name, expr in spec.fields.items()}
 
 
 @cache
 def _compiled_template(source: str):
     return _env().from_string(source)
+
+
+@cache
+def _compiled_expression(source: str):
+    return _env().compile_expression(source, undefined_to_none=False)
+
+
+def _evaluate(expression: str, row: dict):
+    return _compiled_expression(expression)(**row)
+
+
+def keeps(spec: TaskSpec, row: dict) -> bool:
+    """Whether a row passes the spec's `filter` (every row does without one)."""
+    return spec.filter is None or bool(_evaluate(spec.filter, row))
 
 
 def builtin_task_files() -> dict[str, Path]:
@@ -135,25 +178,56 @@ def builtin_tasks() -> list[str]:
 
 def load_task(name_or_path: str | Path) -> TaskSpec:
     """A built-in task by name, or a user spec by path to its YAML file."""
-    path = Path(name_or_path)
-    builtins = builtin_task_files()
-    if str(name_or_path) in builtins:
-        path = builtins[str(name_or_path)]
-    elif path.suffix not in (".yaml", ".yml"):
-        raise SoftevalError(
-            f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, or give a path to a task YAML"
-        )
-    if not path.is_file():
-        raise SoftevalError(f"task spec not found: {path}")
-    try:
-        raw = yaml.safe_load(read_utf8(path))
-    except yaml.YAMLError as exc:
-        raise SoftevalError(f"task spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(raw, dict):
-        raise SoftevalError(f"task spec {path} must be a YAML mapping of task fields")
+    path = _spec_file(name_or_path)
+    raw = _read_spec(path, seen=())
     try:
         return TaskSpec(**raw, source_file=str(path.resolve()))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "spec"
         raise SoftevalError(f"task spec {path}: {where}: {first['msg']}") from exc
+
+
+def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
+    """A built-in task's file, or a YAML path (relative to `relative_to` when given)."""
+    builtins = builtin_task_files()
+    if str(name_or_path) in builtins:
+        return builtins[str(name_or_path)]
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        raise SoftevalError(
+            f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, or give a path to a task YAML"
+        )
+    path = relative_to / path if relative_to is not None and not path.is_absolute() else path
+    if not path.is_file():
+        raise SoftevalError(f"task spec not found: {path}")
+    return path
+
+
+def _read_spec(path: Path, seen: tuple[Path, ...]) -> dict:
+    """A spec file's mapping, merged over the spec it `include`s (a built-in name or a path
+    relative to the file): the including file's keys override, mappings key by key."""
+    try:
+        raw = yaml.safe_load(read_utf8(path))
+    except yaml.YAMLError as exc:
+        raise SoftevalError(f"task spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise SoftevalError(f"task spec {path} must be a YAML mapping of task fields")
+    if "include" not in raw:
+        return raw
+    base_path = _spec_file(raw.pop("include"), relative_to=path.parent)
+    if base_path.resolve() in seen:
+        raise SoftevalError(f"task spec {path}: include {base_path} includes itself in the end; break the cycle")
+    base = _read_spec(base_path, (*seen, path.resolve()))
+    files = base.get("dataset", {}).get("data_files")
+    if files:  # the base's data files stay relative to the base's own file
+        base["dataset"]["data_files"] = {split: str(base_path.parent / f) for split, f in files.items()}
+    return _merged(base, raw)
+
+
+def _merged(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        both_mappings = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merged(base[key], value) if both_mappings else value
+    return merged
