@@ -9,6 +9,7 @@ import pytest
 from conftest import ROWS, mc_example, qa_example, write_user_task
 
 from softeval import SoftevalError, load_examples, load_task
+from softeval.prompts import target_text
 from softeval.formats import Math, MultipleChoice, Number, OptionText, ShortAnswer, normalize
 
 SPORE = mc_example(["seed", "spore", "pollen", "immature flower"], 1)
@@ -269,6 +270,9 @@ HEAT = mc_example(["heat", "heat and light", "water", "the wind"], 1)
         (" B", None, None, "no_answer"),  # a letter is not the option's text
         (" It is heat and light, I think", None, "B", "answer"),  # "heat" inside the longer option
         (" water or wind", None, None, "ambiguous"),
+        (" water, wind", None, None, "ambiguous"),
+        (" Water, because the wind is calm", None, "C", "answer"),  # an opening text commits
+        (" The wind.", "D", "D", "answer"),
         (" steam", None, None, "no_answer"),
         ("", None, None, "no_answer"),
     ],
@@ -278,8 +282,35 @@ def test_option_text(completion, strict, lenient, status):
     assert fmt.strict(completion, HEAT).answer == strict
     reading = fmt.lenient(completion, HEAT)
     assert (reading.answer, reading.status) == (lenient, status)
-    assert fmt.is_correct(fmt.strict(" heat and light", HEAT).answer, HEAT)
-    assert fmt.chance(HEAT) == 0.25
+
+
+def test_option_text_keeps_options_apart_that_normalisation_would_merge():
+    fmt = OptionText()
+    signs = mc_example(["+2", "-2", "0"], 1)
+    assert fmt.strict(" -2", signs).answer == "B" and fmt.strict(" +2.", signs).answer == "A"
+    assert fmt.is_correct(fmt.strict(" -2", signs).answer, signs) and not fmt.is_correct("A", signs)
+    genes = mc_example(["WW or ww", "WW or Ww", "ww or ww"], 0)
+    assert [fmt.strict(" " + c, genes).answer for c in genes.choices] == ["A", "B", "C"]
+    assert fmt.chance(genes) == 1 / 3
+
+
+def test_option_text_reads_every_arc_target_as_correct(mirror):
+    for name in ("arc_easy_text", "arc_challenge_text"):
+        spec = load_task(name)
+        for example in load_examples(spec, "test", mirror):
+            target = target_text(spec, example)
+            assert spec.format.is_correct(spec.format.strict(target, example).answer, example), (example.source, target)
+            assert spec.format.is_correct(spec.format.lenient(target, example).answer, example), (example.source, target)
+
+
+def test_text_tasks_leave_room_for_the_longest_option(mirror, tokenizer_dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+    for name in ("arc_easy_text", "arc_challenge_text"):
+        spec = load_task(name)
+        longest = max(len(tokenizer.encode(" " + c)) for e in load_examples(spec, "test", mirror) for c in e.choices)
+        assert longest + 1 <= spec.max_new_tokens  # the option and its stop string
 
 
 # --- math ------------------------------------------------------------------------------------------------
@@ -311,6 +342,13 @@ def math_example(answer: str):
         ("Adding them up, the final answer is $14$.", "14", None, "14", True),
         ("Answer: 2/3", "\\frac{2}{3}", None, "2/3", True),
         ("We get $\\boxed{\\frac{1}{", "\\frac{1}{2}", None, None, False),  # cut off inside the box
+        ("As in the original solutions, $\\fbox{7}$.", "7", "7", "7", True),
+        ("Spaced: $\\boxed {5}$", "5", "5", "5", True),
+        ("Bare: $\\boxed 3 + 4$, which is 7", "7", "3 + 4", "3 + 4", True),
+        ("Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct.", "0.75", None, "\\frac{3}{4}", True),
+        ("The final answer is: 7", "7", None, "7", True),
+        # prose after "answer:" is not an answer, even where it ends in the right number
+        ("We want to find the answer: first we compute 3+4=7.", "7", None, None, False),
     ],
 )
 def test_math(completion, gold, strict, lenient, correct):
@@ -332,5 +370,18 @@ def test_math_task_takes_the_answer_from_the_solution(tmp_path):
     assert (example.question, example.answer, example.solution) == (row["problem"], "3", solution)
     assert spec.format.is_correct(spec.format.strict(" " + solution, example).answer, example)
     (folder / "test.jsonl").write_text(json.dumps({**row, "solution": "x is 3"}) + "\n")
-    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: gold answer None is empty or not text"):
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: no gold answer \(None\); .*a solution without \\boxed\{\}\?"):
         load_examples(spec, "test", tmp_path)
+    (folder / "test.jsonl").write_text(json.dumps({**row, "solution": "so $x = \\boxed{$}$"}) + "\n")
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: gold answer '\$' is not mathematics math-verify can read"):
+        load_examples(spec, "test", tmp_path)
+
+
+def test_math_equivalence_works_off_the_main_thread():
+    import threading
+
+    results = []
+    thread = threading.Thread(target=lambda: results.append(Math().is_correct("0.5", math_example("\\frac{1}{2}"))))
+    thread.start()
+    thread.join()
+    assert results == [True]

@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import pytest
+from conftest import ROWS as ROWS_MC
 from conftest import mc_example, reference_loglikelihood, write_user_task
 
 from softeval import SoftevalError, evaluate, load_examples, load_task
@@ -171,7 +172,7 @@ def _drop_one_at_a_time(builder: PromptBuilder, example: Example, cloze: bool) -
                 context = pairs[0][0]
                 if overflow > 0:
                     context = context[:keep] + context[keep + overflow :]
-                return Cloze(context, [o for _, o in pairs], truncated=overflow > 0)
+                return Cloze(context, [o for _, o in pairs], truncated=overflow > 0, n_demos=len(demos))
         demos = demos[1:]
 
 
@@ -286,3 +287,40 @@ def test_partial_scoring_fields_are_checked(tmp_path):
     spec = load_task(write_user_task(tmp_path, WINO, **{**PARTIAL, "fields": fields}))
     with pytest.raises(SoftevalError, match=r"test\.jsonl:1: field 'cloze_contexts' must be a list of 2 non-empty texts"):
         load_examples(spec, "test")
+
+
+def test_partial_scoring_demonstrations_show_their_gold_context(tmp_path, tiny_llama):
+    spec = load_task(write_user_task(tmp_path, WINO, **PARTIAL))
+    cat, trophy = load_examples(spec, "test")[1], load_examples(spec, "test")[0]
+    (first, second) = PromptBuilder(spec, tiny_llama, demos=[trophy], k=1).cloze_requests(cat)
+    shown = tiny_llama.tokenizer.decode(first.context_ids, skip_special_tokens=True)
+    assert shown == "The trophy does not fit in the suitcase because the trophy is too big.\n\nThe cat chased the mouse until the cat"
+    assert first.n_demos == second.n_demos == 1
+
+
+def test_partial_scoring_scores_every_option_under_the_same_demonstrations(tmp_path, tiny_llama):
+    rows = [WINO[0], {**WINO[1], "option2": "the very small grey mouse that lived under the old wooden floor"}]
+    spec = load_task(write_user_task(tmp_path, rows, **PARTIAL))
+    trophy, cat = load_examples(spec, "test")
+    builder = PromptBuilder(spec, tiny_llama, demos=[trophy], k=1)
+    short_option = builder.cloze(cat, cat.cloze_contexts[0])
+    builder.budget = len(short_option.context_ids) + len(short_option.continuation_ids[0])  # the long option's demo no longer fits
+    assert builder.cloze(cat, cat.cloze_contexts[1]).n_demos == 0
+    requests = builder.cloze_requests(cat)
+    assert [r.n_demos for r in requests] == [0, 0]
+
+
+def test_cloze_context_outside_partial_scoring_is_an_error_before_work(tmp_path):
+    from softeval.preflight import check_task
+
+    spec = load_task(write_user_task(tmp_path, ROWS_MC, cloze_template="{{ cloze_context }} Answer:"))
+    with pytest.raises(SoftevalError, match=r"cloze_template cannot be rendered for .*test\.jsonl:1: 'cloze_context' is undefined"):
+        check_task(spec, ["test"], None)
+
+
+def test_partial_scoring_template_must_use_the_option_context(tmp_path):
+    from softeval.preflight import check_task
+
+    spec = load_task(write_user_task(tmp_path, WINO, **{**PARTIAL, "cloze_template": "{{ question }}"}))
+    with pytest.raises(SoftevalError, match=r"renders the same text for every option of .*test\.jsonl:1; use \{\{ cloze_context \}\} in it"):
+        check_task(spec, ["test"], None)

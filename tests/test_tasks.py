@@ -144,9 +144,44 @@ def test_include_of_a_user_spec_keeps_its_data_files(tmp_path):
     assert [e.question for e in examples] == [r["q"] for r in ROWS]
 
 
+def test_include_by_a_relative_path_through_two_levels(tmp_path, monkeypatch):
+    (tmp_path / "specs" / "base").mkdir(parents=True)
+    base = write_user_task(tmp_path / "specs" / "base", ROWS)
+    (tmp_path / "specs" / "middle.yaml").write_text(f"include: base/{base.name}\nname: middle\nmax_new_tokens: 6\n")
+    (tmp_path / "specs" / "top.yaml").write_text("include: middle.yaml\nname: top\nfields: {labels: null}\n")
+    monkeypatch.chdir(tmp_path)
+    spec = load_task("specs/top.yaml")
+    assert (spec.name, spec.max_new_tokens) == ("top", 6)
+    assert [e.question for e in load_examples(spec, "test")] == [r["q"] for r in ROWS]
+
+
+def test_an_included_key_set_to_null_is_dropped(tmp_path):
+    base = write_user_task(tmp_path, ROWS, fields={"question": "q", "choices": "[a, b]", "answer": "gold", "labels": "['A', 'B']"})
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"include: {base.name}\nname: plain\nfields: {{labels: null}}\n")
+    assert "labels" not in load_task(variant).fields
+
+
+def test_include_needs_a_name_of_its_own(tmp_path):
+    (tmp_path / "variant.yaml").write_text("include: arc_easy\ndataset: {config: ARC-Challenge}\n")
+    with pytest.raises(SoftevalError, match="a spec that includes another needs its own name"):
+        load_task(tmp_path / "variant.yaml")
+
+
+def test_include_with_choices_from_must_drop_the_inherited_options(tmp_path):
+    base = write_user_task(tmp_path, ROWS)
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"include: {base.name}\nname: swapped\nchoices_from: {{correct: b, distractors: [a]}}\n")
+    with pytest.raises(SoftevalError, match="choices_from builds choices and answer; drop fields answer, choices"):
+        load_task(variant)
+    variant.write_text(variant.read_text() + "fields: {choices: null, answer: null}\n")
+    examples = load_examples(load_task(variant), "test")
+    assert all(e.choices[e.answer_index] == r["b"] for e, r in zip(examples, ROWS))
+
+
 def test_include_cycle_is_an_error(tmp_path):
-    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
-    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    (tmp_path / "a.yaml").write_text("include: b.yaml\nname: a\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\nname: b\n")
     with pytest.raises(SoftevalError, match="includes itself in the end; break the cycle"):
         load_task(tmp_path / "a.yaml")
 
@@ -160,6 +195,8 @@ def test_filter_skips_rows_and_counts_them(tmp_path):
 
     identity = data_identity(spec, "test", None)
     assert (identity["rows"], identity["filtered_out"]) == (4, 2)
+    unfiltered = data_identity(load_task(write_user_task(tmp_path, rows)), "test", None)
+    assert (unfiltered["rows"], unfiltered["filtered_out"]) == (4, 0)
     none_left = load_task(write_user_task(tmp_path, ROWS, filter="false"))
     with pytest.raises(SoftevalError, match=r"the filter \(false\) keeps none of the 2 rows of split 'test'"):
         load_examples(none_left, "test")
@@ -175,6 +212,39 @@ def test_choices_from_columns_places_the_answer_by_a_seeded_shuffle(tmp_path):
     positions = [e.answer_index for e in examples]
     assert set(positions) == {0, 1, 2, 3}  # the correct answer is not always in one place
     assert positions == [e.answer_index for e in load_examples(spec, "test")]  # the same on every run
+    # the order depends on the option texts only: pinned, so it stays the same across versions
+    assert examples[0].choices == ["maybe 0", "no 0", "yes 0", "never 0"]
+    extra = load_task(write_user_task(tmp_path, [{**r, "unused": 1} for r in rows], fields={"question": "q"}, choices_from=choices_from))
+    assert [e.choices for e in load_examples(extra, "test")] == [e.choices for e in examples]
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        ({"q": "Q?", "right": "yes", "w1": "", "w2": "x"}, r"choices_from: choices_from.distractors\[0\] \(w1\) is missing or empty; skip such rows with a filter"),
+        ({"q": "Q?", "right": "yes", "w1": "no"}, r"choices_from: choices_from.distractors\[1\] \(w2\) is missing or empty"),
+        ({"q": "Q?", "right": "yes", "w1": "yes", "w2": "x"}, r"choices_from: two options have the same text \(yes, yes, x\)"),
+    ],
+)
+def test_choices_from_names_the_column_that_cannot_be_an_option(tmp_path, row, error):
+    choices_from = {"correct": "right", "distractors": ["w1", "w2"]}
+    spec = load_task(write_user_task(tmp_path, [row], fields={"question": "q"}, choices_from=choices_from))
+    with pytest.raises(SoftevalError, match=r"test\.jsonl:1: " + error):
+        load_examples(spec, "test")
+
+
+def test_choices_from_reads_numbers_as_text(tmp_path):
+    rows = [{"q": "2 + 2?", "right": 4, "w1": 5, "w2": 22}]
+    spec = load_task(write_user_task(tmp_path, rows, fields={"question": "q"}, choices_from={"correct": "right", "distractors": ["w1", "w2"]}))
+    (example,) = load_examples(spec, "test")
+    assert sorted(example.choices) == ["22", "4", "5"] and example.choices[example.answer_index] == "4"
+
+
+def test_text_column_used_as_a_number_says_to_add_int(tmp_path):
+    spec = load_task(write_user_task(tmp_path, [{**r, "gold": str(r["gold"] + 1)} for r in ROWS],
+                                     fields={"question": "q", "choices": "[a, b]", "answer": "gold - 1"}))
+    with pytest.raises(SoftevalError, match=r"cannot compute field 'answer' \(gold - 1\): .*add `\| int`"):
+        load_examples(spec, "test")
 
 
 def test_empty_template_is_found_before_work(tmp_path):
@@ -200,5 +270,18 @@ def test_text_task_targets_the_option_text(mirror):
     spec = load_task("arc_easy_text")
     example = load_examples(spec, "test", mirror, limit=1)[0]
     prompt = question_text(spec, example)
-    assert all(f"- {choice}" in prompt for choice in example.choices) and "A. " not in prompt
+    listed = "Options:\n" + "\n".join(f"- {choice}" for choice in example.choices) + "\nAnswer:"
+    assert prompt.endswith(listed) and "A. " not in prompt
     assert target_text(spec, example) == " " + example.choices[example.answer_index]
+
+
+def test_spec_identity_ignores_settings_left_at_their_default(tmp_path):
+    from softeval.task import TaskSpec
+
+    class WithANewSetting(TaskSpec):  # a later softeval with one more optional setting
+        new_setting: int = 0
+
+    plain = load_task(write_user_task(tmp_path, ROWS))
+    later = WithANewSetting(**plain.model_dump(exclude_defaults=True))
+    edited = load_task(write_user_task(tmp_path, ROWS, template="Q: {{ question }}\n{{ options }}\nA:"))
+    assert plain.sha256() == later.sha256() != edited.sha256()

@@ -13,16 +13,14 @@ import os
 import random
 from pathlib import Path
 
-from jinja2 import TemplateError, Undefined, UndefinedError
+from jinja2 import Undefined
 
 from softeval._io import file_sha256, read_utf8
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
-from softeval.task import TaskSpec, compile_fields, keeps
+from softeval.task import EXPRESSION_ERRORS, TaskSpec, compile_fields, keeps
 
 DATA_ENV = "SOFTEVAL_DATA_DIR"
-# what an expression can raise on a row: undefined names, sandbox refusals, bad types or indices
-FIELD_ERRORS = (UndefinedError, TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -89,9 +87,8 @@ def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
     """Which data a split was read from: the spec's hash, the file and its sha256 (or the hub path)."""
     identity = {"task": spec.name, "task_spec": spec.source_file, "spec_sha256": spec.sha256(), "split": split}
-    if spec.filter is not None:  # skipped rows are counted, never silently dropped
-        rows = load_rows(spec, split, data_dir)
-        identity |= {"rows": len(rows), "filtered_out": sum(not _keeps(spec, row, where) for row, where in rows)}
+    rows = load_rows(spec, split, data_dir)  # rows a filter skips are counted, never silently dropped
+    identity |= {"rows": len(rows), "filtered_out": sum(not _keeps(spec, row, where) for row, where in rows)}
     source = split_source(spec, split, data_dir)
     if isinstance(source, str):
         return identity | {"source": source}
@@ -162,7 +159,7 @@ def _read_hub(spec: TaskSpec, split: str) -> list[tuple[dict, str]]:
 def _keeps(spec: TaskSpec, row: dict, source: str) -> bool:
     try:
         return keeps(spec, row)
-    except FIELD_ERRORS as exc:
+    except EXPRESSION_ERRORS as exc:
         raise SoftevalError(f"{source}: cannot evaluate the filter ({spec.filter}): {exc}; fix the task spec's filter or the row") from exc
 
 
@@ -171,12 +168,12 @@ def _to_example(spec: TaskSpec, answer_format: AnswerFormat, extract: dict, inde
     if spec.choices_from is not None:
         try:
             values["choices"], values["answer"] = spec.choices_from.options(row)
-        except FIELD_ERRORS as exc:
-            raise SoftevalError(f"{source}: cannot build the options from choices_from: {exc}; fix the spec or the row") from exc
+        except EXPRESSION_ERRORS as exc:
+            raise SoftevalError(f"{source}: choices_from: {exc}") from exc
     for name, fn in extract.items():
         try:
             values[name] = fn(**row)
-        except FIELD_ERRORS as exc:
+        except EXPRESSION_ERRORS as exc:
             raise _field_error(spec, name, source, str(exc)) from exc
         if _has_undefined(values[name]):
             raise _field_error(spec, name, source, "the row lacks a field it uses")
@@ -185,6 +182,8 @@ def _to_example(spec: TaskSpec, answer_format: AnswerFormat, extract: dict, inde
 
 def _field_error(spec: TaskSpec, name: str, source: str, reason: str) -> SoftevalError:
     expression = spec.fields[name]
+    if "'str'" in reason and "'int'" in reason:
+        reason += " (a text column used as a number? add `| int`)"
     return SoftevalError(f"{source}: cannot compute field '{name}' ({expression}): {reason}; fix the task spec's fields or the row")
 
 

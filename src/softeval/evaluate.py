@@ -161,9 +161,12 @@ def run_examples(
     if requests is not None:
         tick = time.perf_counter()
         flat = [cloze for per_example in requests for cloze in per_example]
-        scores = iter(engine.loglikelihood(flat, bars.row(f"{label}: score options", len(flat))))
-        # back to one list of option scores per example, whatever the requests per example
-        loglikelihoods = [[x for _ in per_example for x in next(scores)] for per_example in requests]
+        scores = engine.loglikelihood(flat, bars.row(f"{label}: score options", len(flat)))
+        # back to one list of option scores per example: partial scoring sends one request per option
+        loglikelihoods, start = [], 0
+        for per_example in requests:
+            loglikelihoods.append([x for request in scores[start : start + len(per_example)] for x in request])
+            start += len(per_example)
         timings["loglikelihood"] = time.perf_counter() - tick
 
     answer_format = spec.format

@@ -32,17 +32,20 @@ Multiple choice (`multiple_choice`), one rule for both parsers, applied to the f
   each option's own context instead, as fill-in-the-blank benchmarks do.
 
 Option text (`option_text`): multiple choice answered with the option's words. Strict: the first
-line equals one option's text after SQuAD normalisation (case, punctuation, articles). Lenient:
-exactly one option's text appears in the first line (a text inside a longer option's text counts for
-the longer one). The answer is recorded as that option's letter.
+line equals one option's text. Lenient: the first line opens with one option's text, or exactly one
+option's text appears in it (a text inside a longer option's text counts for the longer one). Texts
+are compared as written (spacing, a final period and a leading article aside), then ignoring case,
+then after SQuAD normalisation, at the first level that names an option. The answer is recorded as
+that option's letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional thousands separators and decimals and is not
 part of a fraction (`1/2` is no number here). Answers are compared as numbers (`1,250` =
 `1250.0`).
 
-Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` (nested braces) or
-`\\boxed 9`; lenient also takes a final-answer line ("The final answer is 7", "Answer: 7"). Correct
+Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` or `\\fbox{...}`
+(nested braces) or `\\boxed 9`; lenient also takes a final-answer line ("Final Answer: The final
+answer is $7$", "Answer: 7"; at most six words unless in `$...$`). Correct
 means mathematically equivalent to the gold answer by math-verify (`0.5` = `\\frac{1}{2}`,
 `-8` is not `8`; intervals and tuples compare as such), never by string normalisation.
 
@@ -60,8 +63,10 @@ from __future__ import annotations
 
 import re
 import string
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import ClassVar, Literal
 
 from softeval.errors import SoftevalError
@@ -319,9 +324,6 @@ def _ends_word(text: str, position: int) -> bool:
     return position >= len(text) or not text[position].isalnum()
 
 
-# --- option text: answer with the option's own words ---------------------------------------------------
-
-
 def _partial_scoring(values: dict, n_options: int, source: str) -> tuple[list[str] | None, str | None]:
     """The optional `cloze_contexts` (one per option) and `cloze_continuation` fields, checked."""
     contexts, continuation = values.get("cloze_contexts"), values.get("cloze_continuation")
@@ -334,9 +336,16 @@ def _partial_scoring(values: dict, n_options: int, source: str) -> tuple[list[st
     return contexts, continuation
 
 
+# --- option text: answer with the option's own words ---------------------------------------------------
+
+
 class OptionText(MultipleChoice):
     """Multiple choice answered with the text of an option rather than its letter. The answer is
-    still recorded as the option's letter, so diagnostics and knowledge work as for letters."""
+    still recorded as the option's letter, so diagnostics and knowledge work as for letters.
+
+    Texts are compared at the strictest of three levels that tells the options apart: as written
+    (spaces, a final period and a leading article aside), then ignoring case, then after SQuAD
+    normalisation. So "+2" and "-2", or "WW or ww" and "WW or Ww", stay different options."""
 
     name = "option_text"
 
@@ -344,25 +353,69 @@ class OptionText(MultipleChoice):
         line = _first_line(completion)
         if not line:
             return Reading.none("no_answer", "empty completion")
-        said = normalize(line)
-        equal = [letter for letter, choice in zip(example.letters, example.choices or []) if normalize(choice) == said]
-        if len(equal) > 1:
-            return Reading.none("ambiguous", f"equals the text of several options: {', '.join(equal)}")
-        if not equal:
-            return Reading.none("no_answer", f"first line is not one option's text: {line[:30]!r}")
-        return Reading(equal[0])
+        for level in _text_levels():
+            equal = [letter for letter, text in _option_texts(example, level) if text == level(line)]
+            if len(equal) == 1:
+                return Reading(equal[0])
+            if equal:
+                return Reading.none("ambiguous", f"equals the text of several options: {', '.join(equal)}")
+        return Reading.none("no_answer", f"first line is not one option's text: {line[:30]!r}")
 
     def lenient(self, completion: str, example: Example) -> Reading:
-        line = f" {normalize(_first_line(completion))} "
-        texts = {letter: normalize(choice) for letter, choice in zip(example.letters, example.choices or [])}
-        found = {letter: text for letter, text in texts.items() if text and f" {text} " in line}
-        # a text inside a longer named text ("heat" in "heat and light") belongs to the longer one
-        distinct = [l for l, t in found.items() if not any(o != t and f" {t} " in f" {o} " for o in found.values())]
-        if not distinct:
-            return Reading.none("no_answer", "names no option's text")
-        if len(distinct) > 1:
-            return Reading.none("ambiguous", f"names several options: {', '.join(distinct)}")
-        return Reading(distinct[0])
+        line = _first_line(completion)
+        # an option's text opening the line commits to it, as a leading letter does
+        for level in _text_levels():
+            opening = _opening_option(level(line), _option_texts(example, level))
+            if opening is not None:
+                return Reading(opening)
+        for level in _text_levels():
+            said = level(line)
+            found = {letter: t for letter, t in _option_texts(example, level) if re.search(rf"(?<!\w){re.escape(t)}(?!\w)", said)}
+            # a text inside a longer named text ("heat" in "heat and light") belongs to the longer one
+            named = [l for l, t in found.items() if not any(o != t and t in o for o in found.values())]
+            if len(named) == 1:
+                return Reading(named[0])
+            if named:
+                return Reading.none("ambiguous", f"names several options: {', '.join(named)}")
+        return Reading.none("no_answer", "names no option's text")
+
+
+def _opening_option(said: str, texts: list[tuple[str, str]]) -> str | None:
+    """The option whose text (the longest one) opens the line, unless the line goes on to list
+    another option."""
+    leading = [(len(t), letter) for letter, t in texts if said.startswith(t) and _ends_word(said, len(t))]
+    if not leading:
+        return None
+    longest = max(length for length, _ in leading)
+    opening = [letter for length, letter in leading if length == longest]
+    if len(opening) > 1 or _lists_another(said[longest:], [t for _, t in texts]):
+        return None
+    return opening[0]
+
+
+def _lists_another(rest: str, texts: list[str]) -> bool:
+    """Whether the words after an opening option text go straight on to another option ("water or
+    wind", "water, wind"): a hedge, not an answer."""
+    joined = re.match(r"\s*(?:,|;|/|\bor\b)?\s*", rest)  # normalisation may have dropped the comma
+    following = rest[joined.end() :]
+    return bool(following) and any(following.startswith(t) and _ends_word(following, len(t)) for t in texts)
+
+
+def _as_written(text: str) -> str:
+    text = " ".join(text.split()).rstrip(".").strip()
+    return text[_leading_article_length(text.lower()) :]
+
+
+def _casefolded(text: str) -> str:
+    return _as_written(text).casefold()
+
+
+def _text_levels():
+    return (_as_written, _casefolded, normalize)  # normalize is defined with the short answers
+
+
+def _option_texts(example: Example, level) -> list[tuple[str, str]]:
+    return [(letter, t) for letter, choice in zip(example.letters, example.choices or []) if (t := level(choice))]
 
 
 # --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
@@ -527,24 +580,46 @@ def _first_line(completion: str) -> str:
 
 # --- math: a \\boxed{} answer, compared by mathematical equivalence ---------------------------------
 
-_FINAL_ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*\$?([^\n$]+?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
+# "Final Answer: The final answer is $7$. I hope it is correct.", "The final answer is 7", "Answer: 7"
+# "final answer is" anywhere in a line; "Answer:" only at its start
+_FINAL_ANSWER = re.compile(
+    r"(?:final answer is\s*:?|^\s*(?:final\s+)?answer\s*:)\s*(?P<answer>.+?)\s*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_HOPE = re.compile(r"\.?\s*I hope it is correct\.?$", re.IGNORECASE)
+_MAX_ANSWER_WORDS = 6  # longer captures are prose ("the answer: first we compute ..."), not answers
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (braces nested to any depth) or `\\boxed 9`."""
-    start = text.rfind("\\boxed")
-    if start < 0:
+    """The content of the last `\\boxed{...}` or `\\fbox{...}` (braces nested to any depth),
+    or of `\\boxed 9` (up to the closing `$`)."""
+    found = list(re.finditer(r"\\(?:boxed|fbox)", text))
+    if not found:
         return None
-    rest = text[start + len("\\boxed") :]
-    if not rest.startswith("{"):
-        bare = re.match(r"\s+([^\s$]+)", rest)  # "\boxed 9"
-        return bare.group(1).rstrip(".,;") if bare else None
+    rest = text[found[-1].end() :]
+    opening = re.match(r"\s*\{", rest)
+    if opening is None:
+        bare = re.match(r"\s+([^$\n]+)", rest)  # "\boxed 9": up to the closing $
+        return bare.group(1).strip().rstrip(".,;").strip() if bare else None
     depth = 0
-    for i, ch in enumerate(rest):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
+    for i in range(opening.end() - 1, len(rest)):
+        depth += {"{": 1, "}": -1}.get(rest[i], 0)
         if depth == 0:
-            return rest[1:i].strip()
+            return rest[opening.end() : i].strip()
     return None  # unbalanced: the completion was cut
+
+
+def final_answer_line(text: str) -> str | None:
+    """The answer of the last final-answer line, its math if it is written in `$...$`."""
+    for match in reversed(list(_FINAL_ANSWER.finditer(text))):
+        answer = _HOPE.sub("", match.group("answer")).strip()
+        math = re.findall(r"\$([^$]+)\$", answer)
+        if math:
+            return math[-1].strip()
+        answer = answer.rstrip(".").strip()
+        if answer and len(answer.split()) <= _MAX_ANSWER_WORDS:
+            return answer
+    return None
 
 
 class Math(AnswerFormat):
@@ -555,7 +630,11 @@ class Math(AnswerFormat):
         example = super().example(values, index=index, source=source, row=row)
         answer = values["answer"]
         if not isinstance(answer, str | int | float) or isinstance(answer, bool) or not str(answer).strip():
-            raise SoftevalError(f"{source}: gold answer {answer!r} is empty or not text; the math format needs one")
+            raise SoftevalError(
+                f"{source}: no gold answer ({answer!r}); the math format needs one (a solution without \\boxed{{}}?)"
+            )
+        if not _parsed(str(answer)):
+            raise SoftevalError(f"{source}: gold answer {answer!r} is not mathematics math-verify can read")
         example.answer = str(answer).strip()
         example.solution = values.get("solution")
         return example
@@ -570,18 +649,31 @@ class Math(AnswerFormat):
         boxed = self.strict(completion, example)
         if boxed.answer is not None:
             return boxed
-        lines = _FINAL_ANSWER.findall(completion)
-        return Reading(lines[-1].strip()) if lines else Reading.none("no_answer", "no boxed answer or final-answer line")
+        line = final_answer_line(completion)
+        return Reading(line) if line else Reading.none("no_answer", "no boxed answer or final-answer line")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and equivalent(answer, example.answer)
 
 
 def equivalent(answer: str, gold: str) -> bool:
-    """Mathematical equivalence by math-verify: 0.5 = \\frac{1}{2}, intervals and tuples as such."""
-    from math_verify import parse, verify
+    """Mathematical equivalence by math-verify: 0.5 = \\frac{1}{2}, intervals and tuples as such.
+    An answer math-verify cannot read is not equivalent to anything."""
+    from math_verify import verify
 
-    return bool(verify(parse(f"${gold}$"), parse(f"${answer}$")))
+    return bool(verify(_parsed(gold), _parsed(answer), timeout_seconds=_timeout()))
+
+
+@lru_cache(maxsize=65536)
+def _parsed(latex: str) -> list:
+    from math_verify import parse
+
+    return parse(f"${latex}$", parsing_timeout=_timeout())
+
+
+def _timeout() -> int | None:
+    # math-verify times out with signals, which only the main thread may use
+    return 5 if threading.current_thread() is threading.main_thread() else None
 
 
 # --- the registry ------------------------------------------------------------------------------------

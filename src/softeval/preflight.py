@@ -56,15 +56,23 @@ def check_task(spec: TaskSpec, splits: list[str | None], data_dir: str | Path | 
         examples = load_examples(spec, split, data_dir)
         for example in examples:
             for key in keys:
-                # partial scoring: the cloze template renders each option's context
-                contexts = example.cloze_contexts if key == "cloze_template" and example.cloze_contexts else [None]
-                if not all(spec.render(key, example, cloze_context=c).strip() for c in contexts):
-                    raise SoftevalError(
-                        f"task spec {spec.source_file or spec.name}: {key} renders to nothing for {example.source}; "
-                        f"give the {key} some text"
-                    )
+                _check_rendering(spec, key, example)
         sizes[split] = len(examples)
     return sizes
+
+
+def _check_rendering(spec: TaskSpec, key: str, example) -> None:
+    """A template renders to some text; with partial scoring, the cloze template renders each
+    option's context, and differently for each."""
+    where = f"task spec {spec.source_file or spec.name}: {key}"
+    partial = key == "cloze_template" and example.cloze_contexts
+    texts = [spec.render(key, example, cloze_context=c) for c in example.cloze_contexts] if partial else [spec.render(key, example)]
+    if not all(t.strip() for t in texts):
+        raise SoftevalError(f"{where} renders to nothing for {example.source}; give the {key} some text")
+    if partial and len(set(texts)) == 1:
+        raise SoftevalError(
+            f"{where} renders the same text for every option of {example.source}; use {{{{ cloze_context }}}} in it"
+        )
 
 
 def splits_needed(spec: TaskSpec, methods: list[str], tuning: bool) -> list[str | None]:

@@ -33,6 +33,7 @@ class Cloze:
     context_ids: list[int]
     continuation_ids: list[list[int]]
     truncated: bool = False
+    n_demos: int = 0
 
 
 def _gold_context(example: Example) -> str | None:
@@ -100,9 +101,13 @@ class PromptBuilder:
         partial scoring, the one continuation after each option's own context (one request each)."""
         if example.cloze_contexts is None:
             return [self.cloze(example)]
-        return [self.cloze(example, context) for context in example.cloze_contexts]
+        requests = [self.cloze(example, context) for context in example.cloze_contexts]
+        fewest = min(r.n_demos for r in requests)
+        if any(r.n_demos != fewest for r in requests):  # every option under the same demonstrations
+            requests = [self.cloze(example, context, most_demos=fewest) for context in example.cloze_contexts]
+        return requests
 
-    def cloze(self, example: Example, option_context: str | None = None) -> Cloze:
+    def cloze(self, example: Example, option_context: str | None = None, most_demos: int | None = None) -> Cloze:
         """Context and option continuations for cloze scoring, under the same conditioning
         (demonstrations, chat template) as the generative prompt. With `option_context` (partial
         scoring), the context is that option's and the continuation the example's one continuation."""
@@ -114,13 +119,13 @@ class PromptBuilder:
             pairs = [self._encode_pair(context, delimiter + text) for text in continuations]
             return max(len(c) + len(o) for c, o in pairs), pairs
 
-        _, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True)
+        n, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True, most=most_demos)
         context_ids = pairs[0][0]
         overflow = max(0, longest - self.budget)
         if overflow:  # keep BOS, drop the oldest context tokens
             keep = 1 if self.lm.bos_token_id is not None else 0
             context_ids = context_ids[:keep] + context_ids[keep + overflow :]
-        return Cloze(context_ids, [o for _, o in pairs], truncated=overflow > 0)
+        return Cloze(context_ids, [o for _, o in pairs], truncated=overflow > 0, n_demos=n)
 
     # --- pieces --------------------------------------------------------------------------------
 
@@ -129,13 +134,17 @@ class PromptBuilder:
         demos = [d for d in self.demo_pool if not (same_split and d.index == example.index)]
         return demos[: self.k]
 
-    def _most_recent_that_fit(self, example: Example, attempt: Callable[[list[Example]], tuple], *, cloze: bool) -> tuple:
+    def _most_recent_that_fit(
+        self, example: Example, attempt: Callable[[list[Example]], tuple], *, cloze: bool, most: int | None = None
+    ) -> tuple:
         """(n, size, payload) for the prompt showing the n most recent demonstrations, n the
         largest whose size fits the budget (0 if none does), as dropping the oldest demonstration
         one at a time finds it (each one shown makes the prompt longer), but in a few
         tokenisations of the prompt rather than one per dropped demonstration.
-        attempt(shown) builds and measures the prompt showing `shown`."""
+        attempt(shown) builds and measures the prompt showing `shown`; `most` caps n."""
         demos = self._demos_for(example)
+        if most is not None:
+            demos = demos[len(demos) - most :]
         tried: dict[int, tuple] = {}
 
         def size(n: int) -> int:
@@ -194,7 +203,9 @@ class PromptBuilder:
         scoring, the context of `option_context`, or of its gold option for a demonstration."""
         if not cloze:
             return self.spec.render("template", example)
-        return self.spec.render("cloze_template", example, cloze_context=option_context or _gold_context(example))
+        context = option_context or _gold_context(example)
+        # only partial scoring defines cloze_context: elsewhere using it is an undefined-name error
+        return self.spec.render("cloze_template", example, **({"cloze_context": context} if context else {}))
 
     def _answer(self, demo: Example, *, cloze: bool) -> str:
         """A demonstration's answer: its target, or in cloze prompts its gold option's text (with

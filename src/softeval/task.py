@@ -9,7 +9,6 @@ Built-in specs live in `softeval/tasks/*.yaml`; a user spec is any YAML file of 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from functools import cache
@@ -17,7 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import yaml
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -47,14 +46,25 @@ class ChoicesFrom(BaseModel):
     correct: str = Field(description="expression for the correct option's text")
     distractors: list[str] = Field(min_length=1, description="expressions for the other options' texts")
 
-    def options(self, row: dict) -> tuple[list, int]:
+    def options(self, row: dict) -> tuple[list[str], int]:
         """The options in a shuffled order and the correct one's index. The order is seeded by the
-        row's content alone, so it is the same on every run and on every machine."""
-        correct = _evaluate(self.correct, row)
-        options = [correct, *(_evaluate(d, row) for d in self.distractors)]
+        option texts alone, so it is the same on every run and machine, whatever else the row holds
+        and whichever file format it came from."""
+        expressions = {"choices_from.correct": self.correct}
+        expressions |= {f"choices_from.distractors[{i}]": d for i, d in enumerate(self.distractors)}
+        options = [_option_text(key, expression, row) for key, expression in expressions.items()]
+        if len(set(options)) < len(options):
+            raise ValueError(f"two options have the same text ({', '.join(options)}); skip such rows with a filter")
         order = list(range(len(options)))
-        random.Random(json.dumps(row, sort_keys=True, default=str)).shuffle(order)
+        random.Random("\x1f".join(sorted(options))).shuffle(order)
         return [options[i] for i in order], order.index(0)
+
+
+def _option_text(key: str, expression: str, row: dict) -> str:
+    value = _evaluate(expression, row)
+    if isinstance(value, Undefined) or value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{key} ({expression}) is missing or empty; skip such rows with a filter")
+    return value if isinstance(value, str) else str(value)  # a numeric column reads as its text
 
 
 class TaskSpec(BaseModel):
@@ -84,6 +94,12 @@ class TaskSpec(BaseModel):
         if FORMATS[self.answer_format].has_options and not self.cloze_template:
             raise ValueError(f"answer_format {self.answer_format} needs a cloze_template (the question for option scoring)")
         built = {"choices", "answer"} if self.choices_from else set()
+        clash = sorted(built & set(self.fields))
+        if clash:
+            raise ValueError(
+                f"choices_from builds choices and answer; drop fields {', '.join(clash)} "
+                "(an included spec's field is dropped by setting it to null)"
+            )
         missing = [f for f in FORMATS[self.answer_format].fields if f not in self.fields and f not in built]
         if missing:
             raise ValueError(f"answer_format {self.answer_format} needs fields: {', '.join(missing)}")
@@ -118,7 +134,7 @@ class TaskSpec(BaseModel):
         `extra` values are added to the example's (an option's `cloze_context`)."""
         try:
             return _compiled_template(getattr(self, key)).render(example.template_values() | extra)
-        except RENDER_ERRORS as exc:
+        except EXPRESSION_ERRORS as exc:
             where = self.source_file or f"task {self.name}"
             raise SoftevalError(
                 f"task spec {where}: {key} cannot be rendered for {example.source}: {str(exc).rstrip('.')}; "
@@ -126,12 +142,14 @@ class TaskSpec(BaseModel):
             ) from exc
 
     def sha256(self) -> str:
-        """Identity of what the spec says, wherever its file lives."""
-        return hashlib.sha256(self.model_dump_json(exclude={"source_file"}).encode()).hexdigest()
+        """Identity of what the spec says, wherever its file lives. Settings left at their default
+        are left out, so a new optional setting does not change the identity of existing specs."""
+        said = self.model_dump_json(exclude={"source_file"}, exclude_defaults=True)
+        return hashlib.sha256(said.encode()).hexdigest()
 
 
-# what a template can raise on a row: undefined names, sandbox refusals, bad types or indices
-RENDER_ERRORS = (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError)
+# what a template or expression can raise on a row: undefined names, sandbox refusals, bad types or indices
+EXPRESSION_ERRORS = (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError)
 
 
 @cache
@@ -201,7 +219,7 @@ def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Pat
     path = relative_to / path if relative_to is not None and not path.is_absolute() else path
     if not path.is_file():
         raise SoftevalError(f"task spec not found: {path}")
-    return path
+    return path.resolve()
 
 
 def _read_spec(path: Path, seen: tuple[Path, ...]) -> dict:
@@ -215,7 +233,12 @@ def _read_spec(path: Path, seen: tuple[Path, ...]) -> dict:
         raise SoftevalError(f"task spec {path} must be a YAML mapping of task fields")
     if "include" not in raw:
         return raw
-    base_path = _spec_file(raw.pop("include"), relative_to=path.parent)
+    included = raw.pop("include")
+    if not isinstance(included, str):
+        raise SoftevalError(f"task spec {path}: include must name one task or YAML file")
+    if "name" not in raw:  # results are filed by task name: a variant must not reuse its base's
+        raise SoftevalError(f"task spec {path}: a spec that includes another needs its own name")
+    base_path = _spec_file(included, relative_to=path.parent)
     if base_path.resolve() in seen:
         raise SoftevalError(f"task spec {path}: include {base_path} includes itself in the end; break the cycle")
     base = _read_spec(base_path, (*seen, path.resolve()))
@@ -226,8 +249,13 @@ def _read_spec(path: Path, seen: tuple[Path, ...]) -> dict:
 
 
 def _merged(base: dict, override: dict) -> dict:
+    """`override` over `base`: mappings merge key by key, a null removes the base's key."""
     merged = dict(base)
     for key, value in override.items():
-        both_mappings = isinstance(value, dict) and isinstance(base.get(key), dict)
-        merged[key] = _merged(base[key], value) if both_mappings else value
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merged(base[key], value)
+        else:
+            merged[key] = value
     return merged
