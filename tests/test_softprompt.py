@@ -138,7 +138,8 @@ def test_resume_ends_with_the_same_prompt(tmp_path, tiny_llama, monkeypatch):
 
     a, b = load_soft_prompt(tmp_path / "whole").vectors, load_soft_prompt(tmp_path / "split").vectors
     assert torch.allclose(a, b, atol=1e-6)
-    assert resumed["final"]["step"] == whole["final"]["step"] == 6
+    assert resumed.metadata["final"]["step"] == whole.metadata["final"]["step"] == 6
+    assert torch.equal(resumed.vectors, b) and resumed.path == tmp_path / "split" / "soft_prompt.safetensors"
     with safe_open(str(tmp_path / "split" / "checkpoint.safetensors"), "pt") as f:
         assert f.metadata()["step"] == "6"
     assert (tmp_path / "whole" / "curve.png").stat().st_size > 1000

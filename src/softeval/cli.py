@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -21,7 +22,7 @@ from rich.text import Text
 
 from softeval.data import split_sizes
 from softeval.errors import SoftevalError
-from softeval.evaluate import METHODS, evaluate
+from softeval.evaluate import METHODS
 from softeval.export import export_peft
 from softeval.models import (
     ALIASES,
@@ -30,11 +31,19 @@ from softeval.models import (
     load_model,
     prepare_alias,
 )
+from softeval.page import PAGE, write_page
 from softeval.preflight import check_before_work, check_output
 from softeval.progress import console, stdout
-from softeval.report import cell_label, metrics_table, write_comparison
-from softeval.softprompt import load_soft_prompt
-from softeval.study import run_study
+from softeval.rank import rank_study, ranking_table
+from softeval.report import finished_cells, metrics_table, write_comparison
+from softeval.study import (
+    LoraSettings,
+    Reference,
+    Study,
+    load_results,
+    load_study,
+    run_study,
+)
 from softeval.task import builtin_tasks, load_task
 from softeval.tune import TuneConfig, check_resumable, sweep, tune
 
@@ -48,7 +57,6 @@ Limit = Annotated[int | None, typer.Option(min=1, help="Evaluate a fixed, seeded
 Shots = Annotated[int, typer.Option(min=1, help="Demonstrations for few-shot.")]
 BatchSize = Annotated[int, typer.Option(min=1, help="Evaluation rows per batch.")]
 Steps = Annotated[int, typer.Option(min=1, help="Tuning steps.")]
-Positive = Annotated[int, typer.Option(min=1)]
 
 DEBUG_ENV = "SOFTEVAL_DEBUG"
 log = logging.getLogger("softeval")
@@ -69,7 +77,7 @@ def main() -> None:
     log.setLevel(logging.INFO)  # softeval's own notes (resuming, reusing a prompt) are shown too
     try:
         # not standalone: usage errors come back here, to be printed as one line like every error
-        code = app(standalone_mode=False)
+        code = app(args=with_ray_default(sys.argv[1:]), standalone_mode=False)
     except SoftevalError as exc:
         _fail(str(exc))
     except typer.TyperException as exc:  # usage errors: unknown options, values out of range
@@ -89,6 +97,17 @@ def main() -> None:
     if code == 130:
         _fail("interrupted", 130)
     raise SystemExit(code or 0)
+
+
+def with_ray_default(args: list[str]) -> list[str]:
+    """`--ray` with no address means a local cluster: the command line's parser has no option
+    with an optional value, so the default is filled in here."""
+    filled = list(args)
+    for i, arg in enumerate(filled):
+        if arg == "--ray" and (i + 1 == len(filled) or filled[i + 1].startswith("-")):
+            filled.insert(i + 1, "local")
+            break
+    return filled
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -119,96 +138,165 @@ def options(
     settings.debug = debug or bool(os.environ.get(DEBUG_ENV))
 
 
-def tune_settings(option_names: dict[str, str] | None = None, **values) -> TuneConfig:
-    """Tuning settings from the command line; an invalid one is a one-line error naming its option
-    (`option_names` maps a setting to its option where the names differ)."""
+Models = Annotated[list[str], typer.Option("--model", help="Alias, local folder, .gguf file or hub id; repeatable.")]
+Tasks = Annotated[list[str], typer.Option("--task", help="Built-in task name or task YAML path; repeatable.")]
+Chat = Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")]
+Force = Annotated[bool, typer.Option(help="Redo finished cells (and their tuning) instead of skipping them.")]
+Ray = Annotated[str | None, typer.Option(help="Run each (model, task) on Ray: --ray alone (or 'local') starts a local cluster; or give a cluster's address.")]
+TUNE = TuneConfig()  # the command line's tuning defaults are the library's
+
+
+def methods_list(values: list[str]) -> list[str]:
+    """--method is repeatable and takes comma-separated lists: `--method zero-shot,few-shot`."""
+    methods = [m.strip() for value in values for m in value.split(",") if m.strip()]
+    if not methods:
+        raise SoftevalError(f"--method: give at least one of {', '.join(METHODS)}")
+    return methods
+
+
+# study settings whose command-line option is spelt otherwise
+OPTION_NAMES = {"methods": "--method", "models": "--model", "tasks": "--task", "tuning.batch_size": "--tune-batch-size",
+                "tuning.lr": "--lr", "lora.rank": "--lora-rank", "lora.lr": "--lora-lr"}
+
+
+def validated(model: type, option_names: dict[str, str] | None = None, **values):
+    """A settings model (a Study, a Reference) from command-line options; an invalid value is a
+    one-line error naming its option."""
     try:
-        return TuneConfig(**values)
+        return model.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0])
-        option = (option_names or {}).get(field, "--" + field.replace("_", "-"))
-        raise SoftevalError(f"{option}: {first['msg'].lower()}") from exc
+        loc = [str(part) for part in first["loc"] if not str(part).isdigit()]
+        names = OPTION_NAMES | (option_names or {})
+        option = names.get(".".join(loc), "--" + loc[-1].replace("_", "-")) if loc else "options"
+        message = first["msg"].removeprefix("Value error, ")
+        raise SoftevalError(f"{option}: {message[:1].lower()}{message[1:]}") from exc
+
+
+def finish(output: Path, reports) -> None:
+    """The cells of this command as a table, and where the comparison is."""
+    results = load_results([r.folder for r in reports])
+    skipped = sum(r.status == "skipped" for r in reports)
+    if skipped:
+        console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
+    stdout.print(metrics_table(results))
+    stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
+    stdout.print(f"report: {output / PAGE}", highlight=False)
 
 
 @app.command("eval")
 def eval_command(
-    model: Annotated[list[str], typer.Option(help="Alias, local folder, .gguf file or hub id; repeatable.")],
-    task: Annotated[list[str], typer.Option(help="Built-in task name or task YAML path; repeatable.")],
+    model: Models,
+    task: Tasks,
     output: Annotated[Path, typer.Option(help="Results go to OUTPUT/<model>/<task>/<method>/.")],
-    method: Annotated[list[str], typer.Option(help=f"One of {', '.join(METHODS)}; repeatable.")] = ["zero-shot"],  # noqa: B006
-    chat: Annotated[bool, typer.Option(help="Wrap prompts in the chat template (models that have one).")] = False,
+    method: Annotated[list[str], typer.Option(help=f"Of {', '.join(m for m in METHODS if m != 'lora')}; repeatable or comma-separated.")] = ["zero-shot"],  # noqa: B006
+    chat: Chat = False,
     k: Shots = 5,
     prompt: Annotated[Path | None, typer.Option(help="Tuned soft prompt (file or tune folder) for --method soft-prompt.")] = None,
     limit: Limit = None,
     seed: int = 0,
     batch_size: BatchSize = 16,
+    force: Force = False,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Evaluate models on tasks zero-shot or few-shot, and report format-following apart from knowledge."""
-    for m in method:
-        if m not in METHODS:
-            raise SoftevalError(f"unknown method '{m}'; choose from: {', '.join(METHODS)}")
-    if ("soft-prompt" in method) != (prompt is not None):
+    """Evaluate models on tasks zero-shot, few-shot or with a given soft prompt; nothing is tuned."""
+    methods = methods_list(method)
+    if "lora" in methods:
+        raise SoftevalError("--method lora tunes an adapter: use softeval run or softeval study")
+    if ("soft-prompt" in methods) != (prompt is not None):
         raise SoftevalError("--method soft-prompt needs a tuned prompt (--prompt PATH), and only it takes one")
-    # every check that needs no model comes first: a mistake costs seconds, not an evaluation
-    specs = [load_task(t) for t in task]
-    soft = load_soft_prompt(prompt) if prompt is not None else None
-    check_before_work(model, specs, method, k=k, tuning=False, outputs=[output], data_dir=data_dir)
-    results = []
-    for spec_name in model:
-        lm = load_model(spec_name, cache_dir=cache_dir)
-        use_chat = chat and lm.post_trained
-        if chat and not use_chat:
-            log.warning("%s has no chat template: evaluated without --chat", lm.name)
-        for spec in specs:
-            for m in method:
-                result = evaluate(
-                    lm, spec, m, chat=use_chat, k=k, soft_prompt=soft if m == "soft-prompt" else None,
-                    limit=limit, seed=seed, data_dir=data_dir, batch_size=batch_size,
-                )
-                folder = result.save(output / lm.name / spec.name / cell_label(result.config).replace(" +", "-"))
-                console.print(f"wrote {folder}", highlight=False)
-                results.append(result)
-    write_comparison(results, output)
-    stdout.print(metrics_table(results))
+    study = validated(
+        Study, models=[{"model": m} for m in model], tasks=task, methods=methods, chat=chat, k=k, limit=limit, seed=seed, batch_size=batch_size,
+    )
+    finish(output, run_study(study, output=output, prompt=prompt, data_dir=data_dir, cache_dir=cache_dir, force=force))
 
 
 @app.command("run")
 def run_command(
-    model: Annotated[list[str], typer.Option(help="Alias, local folder, .gguf file or hub id; repeatable.")],
-    task: Annotated[list[str], typer.Option(help="Built-in task name or task YAML path; repeatable.")],
-    output: Annotated[Path, typer.Option(help="Report folder: cells, tuned prompts, curves, comparison.md.")],
-    methods: Annotated[str, typer.Option(help="Comma-separated methods.")] = "zero-shot,few-shot,soft-prompt",
-    chat: Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")] = False,
+    model: Models,
+    task: Tasks,
+    output: Annotated[Path, typer.Option(help="Report folder: cells, tuned prompts and adapters, curves, comparison.md.")],
+    method: Annotated[list[str], typer.Option(help=f"Of {', '.join(METHODS)}; repeatable or comma-separated.")] = ["zero-shot,few-shot,soft-prompt"],  # noqa: B006
+    chat: Chat = False,
     k: Shots = 5,
     limit: Limit = None,
-    steps: Steps = 120,
-    tune_batch_size: Positive = 8,
-    lr: float = 0.01,
-    length: Annotated[int, typer.Option(min=1, help="Soft-prompt vectors (L).")] = 10,
-    eval_every: Positive = 10,
-    val_size: Positive = 64,
-    sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick lr and init from a small grid first.")] = False,
-    sweep_steps: Positive = 40,
+    steps: Steps = TUNE.steps,
+    tune_batch_size: Annotated[int, typer.Option(min=1, help="Tuning examples per step.")] = TUNE.batch_size,
+    lr: Annotated[float, typer.Option(help="Soft-prompt learning rate.")] = TUNE.lr,
+    length: Annotated[int, typer.Option(min=1, help="Soft-prompt vectors (L).")] = TUNE.length,
+    lora_rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = LoraSettings().rank,
+    lora_lr: Annotated[float, typer.Option(help="LoRA learning rate.")] = LoraSettings().lr,
+    eval_every: Annotated[int, typer.Option(min=1, help="Validate and checkpoint every E tuning steps.")] = TUNE.eval_every,
+    val_size: Annotated[int, typer.Option(min=1, help="Validation rows scored during tuning.")] = TUNE.val_size,
+    sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick the soft prompt's lr and init from a small grid first.")] = False,
+    sweep_steps: Annotated[int, typer.Option(min=1, help="Steps per sweep trial.")] = 40,
     seed: int = 0,
     batch_size: BatchSize = 16,
+    force: Force = False,
+    ray: Ray = None,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Tune where needed, evaluate every method, and write a comparison report."""
-    config = tune_settings(
-        {"batch_size": "--tune-batch-size"},
-        steps=steps, batch_size=tune_batch_size, lr=lr, length=length, eval_every=eval_every, val_size=val_size,
+    """Tune soft prompts and LoRA adapters where needed, evaluate every method, compare them."""
+    study = validated(
+        Study, models=[{"model": m} for m in model], tasks=task, methods=methods_list(method), chat=chat, k=k, limit=limit,
+        seed=seed, batch_size=batch_size, sweep=sweep_grid, sweep_steps=sweep_steps,
+        tuning={"steps": steps, "batch_size": tune_batch_size, "lr": lr, "length": length, "eval_every": eval_every, "val_size": val_size},
+        lora={"rank": lora_rank, "lr": lora_lr},
     )
-    results = run_study(
-        model, task, [m.strip() for m in methods.split(",") if m.strip()], output=output, chat=chat, k=k, limit=limit,
-        seed=seed, tune_config=config, sweep_grid=sweep_grid, sweep_steps=sweep_steps, data_dir=data_dir,
-        cache_dir=cache_dir, batch_size=batch_size,
+    finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
+
+
+@app.command("study")
+def study_command(
+    study_file: Annotated[Path, typer.Argument(help="Study YAML: models (family, role), tasks, methods, settings.")],
+    output: Annotated[Path, typer.Option(help="Report folder; rerunning into it does only unfinished cells.")],
+    force: Force = False,
+    ray: Ray = None,
+    data_dir: DataDir = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Run a study file's grid, then rank base models against post-trained ones where pairs exist."""
+    study = load_study(study_file)
+    finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
+    if (output / "ranking.json").is_file():  # the study ranked its families: show it
+        analysis = json.loads((output / "ranking.json").read_text(encoding="utf-8"))
+        stdout.print(ranking_table(analysis))
+        stdout.print(f"wrote {output / 'ranking.md'}", highlight=False)
+
+
+@app.command("rank")
+def rank_command(
+    folder: Annotated[Path, typer.Argument(help="An output folder of softeval study or run.")],
+    reference_method: Annotated[str, typer.Option(help="Method of the post-trained reference scores.")] = Reference().method,
+    reference_chat: Annotated[bool, typer.Option(help="Reference scores with the chat template.")] = Reference().chat,
+    reference_metric: Annotated[str, typer.Option(help="Metric of the reference scores.")] = Reference().metric,
+) -> None:
+    """How well each method's base-model scores predict the post-trained models' ranking."""
+    reference = validated(
+        Reference, {"method": "--reference-method", "metric": "--reference-metric"},
+        method=reference_method, chat=reference_chat, metric=reference_metric,
     )
-    stdout.print(metrics_table(results))
-    stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
+    show_ranking(folder, reference)
+
+
+@app.command("report")
+def report_command(folder: Annotated[Path, typer.Argument(help="An output folder of softeval eval, run or study.")]) -> None:
+    """Write FOLDER/index.html (and the comparison) from the results on disk."""
+    if not folder.is_dir():
+        raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval eval, run or study")
+    if not finished_cells(folder):
+        raise SoftevalError(f"{folder} holds no finished cells (OUTPUT/<model>/<task>/<method>/results.json); run softeval eval, run or study into it")
+    write_comparison(folder)
+    stdout.print(f"report: {write_page(folder)}", highlight=False)
+
+
+def show_ranking(folder: Path, reference: Reference) -> None:
+    analysis = rank_study(folder, reference)
+    stdout.print(ranking_table(analysis))
+    stdout.print(f"wrote {folder / 'ranking.md'}", highlight=False)
+    stdout.print(f"report: {write_page(folder)}", highlight=False)
 
 
 @app.command("tune")
@@ -216,15 +304,15 @@ def tune_command(
     model: Annotated[str, typer.Option(help="Alias, local folder, .gguf file or hub id.")],
     task: Annotated[str, typer.Option(help="Built-in task name or task YAML path.")],
     output: Annotated[Path, typer.Option(help="Folder for soft_prompt.safetensors, curve.json, curve.png.")],
-    steps: Steps = 120,
-    batch_size: Annotated[int, typer.Option(min=1, help="Tuning examples per step.")] = 8,
-    lr: float = 0.01,
-    length: Annotated[int, typer.Option(min=1, help="Soft-prompt vectors (L).")] = 10,
-    init: Annotated[str, typer.Option(help="vocab, text or random.")] = "vocab",
+    steps: Steps = TUNE.steps,
+    tune_batch_size: Annotated[int, typer.Option(min=1, help="Tuning examples per step.")] = TUNE.batch_size,
+    lr: Annotated[float, typer.Option(help="Soft-prompt learning rate.")] = TUNE.lr,
+    length: Annotated[int, typer.Option(min=1, help="Soft-prompt vectors (L).")] = TUNE.length,
+    init: Annotated[str, typer.Option(help="vocab, text or random.")] = TUNE.init,
     init_text: Annotated[str | None, typer.Option(help="Words to start from with --init text.")] = None,
-    eval_every: Annotated[int, typer.Option(min=1, help="Validate, record the curve and checkpoint every E steps.")] = 10,
-    val_size: Positive = 64,
-    chat: Annotated[bool, typer.Option(help="Tune with the chat template applied.")] = False,
+    eval_every: Annotated[int, typer.Option(min=1, help="Validate and checkpoint every E tuning steps.")] = TUNE.eval_every,
+    val_size: Annotated[int, typer.Option(min=1, help="Validation rows scored during tuning.")] = TUNE.val_size,
+    chat: Annotated[bool, typer.Option(help="Tune the prompt for the chat-template mode of a post-trained model.")] = False,
     resume: Annotated[bool, typer.Option(help="Continue from OUTPUT/checkpoint.safetensors (from step 0 if there is none).")] = False,
     sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick lr and init from a small grid first.")] = False,
     sweep_steps: Annotated[int, typer.Option(min=1, help="Steps per sweep trial.")] = 40,
@@ -234,12 +322,11 @@ def tune_command(
     cache_dir: CacheDir = None,
 ) -> None:
     """Tune a soft prompt for a frozen model on a task's tuning split."""
-    if init not in ("vocab", "text", "random"):
-        raise SoftevalError(f"unknown init '{init}'; choose vocab, text or random")
     if resume and sweep_grid:
         raise SoftevalError("--resume and --sweep do not combine; resume the chosen run without --sweep")
-    config = tune_settings(
-        steps=steps, batch_size=batch_size, lr=lr, length=length, init=init, init_text=init_text,
+    config = validated(
+        TuneConfig, {"batch_size": "--tune-batch-size"},
+        steps=steps, batch_size=tune_batch_size, lr=lr, length=length, init=init, init_text=init_text,
         eval_every=eval_every, val_size=val_size, chat=chat, seed=seed,
     )
     spec = load_task(task)
@@ -250,15 +337,15 @@ def tune_command(
         check_resumable(output / "checkpoint.safetensors", config)
     lm = load_model(model, cache_dir=cache_dir)
     if sweep_grid:
-        summary = sweep(lm, spec, config, output=output, data_dir=data_dir, sweep_steps=sweep_steps)
+        tuned = sweep(lm, spec, config, output=output, data_dir=data_dir, sweep_steps=sweep_steps)
     else:
-        summary = tune(lm, spec, config, output=output, data_dir=data_dir, resume=resume)
+        tuned = tune(lm, spec, config, output=output, data_dir=data_dir, resume=resume)
     if export_peft_to is not None:
-        export_peft(load_soft_prompt(output).vectors, lm, export_peft_to)
+        export_peft(tuned.vectors, lm, export_peft_to)
         stdout.print(f"wrote PEFT adapter {export_peft_to}", highlight=False)
-    final = summary["final"]
+    final = tuned.metadata["final"]
     stdout.print(
-        f"tuned {steps} steps in {summary['tuning_seconds']} s; validation: "
+        f"tuned {steps} steps in {tuned.metadata['tuning_seconds']} s; validation: "
         + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if isinstance(v, float)),
         highlight=False,
     )

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -21,17 +23,19 @@ from softeval.data import data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.formats import Example
+from softeval.lora import Adapter, lora_applied
 from softeval.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, choose_demos
-from softeval.softprompt import SoftPrompt
+from softeval.softprompt import MODEL_KEYS, SoftPrompt, check_made_for
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
 
-Method = Literal["zero-shot", "few-shot", "soft-prompt"]
-METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt")
+Method = Literal["zero-shot", "few-shot", "soft-prompt", "lora"]
+METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt", "lora")
+TUNED = ("soft-prompt", "lora")  # the methods that evaluate something tuned
 
 
 @dataclass
@@ -45,10 +49,14 @@ class EvalResult:
     n_truncated: int
     diagnostics: Diagnostics | None = None
     versions: dict = field(default_factory=dict)
+    identity: dict = field(default_factory=dict)  # what the cell's results depend on (see cell_identity)
+    tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
 
     def to_json(self) -> dict:
         return {
             "config": self.config,
+            "identity": self.identity,
+            "tuning": self.tuning,
             "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
             "diagnostics": self.diagnostics.model_dump() if self.diagnostics else None,
             "n_examples": len(self.samples),
@@ -59,6 +67,26 @@ class EvalResult:
             "versions": self.versions,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+
+    @classmethod
+    def load(cls, folder: str | Path) -> EvalResult:
+        """A finished cell from its folder (results.json and samples.jsonl)."""
+        folder = Path(folder)
+        saved = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+        lines = (folder / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+        return cls(
+            config=saved["config"],
+            metrics={k: Metric(**m) for k, m in saved["metrics"].items()},
+            samples=[Sample.model_validate_json(line) for line in lines if line.strip()],
+            model=saved["model"],
+            data=saved["data"],
+            timings=saved.get("timings_s", {}),
+            n_truncated=saved.get("n_truncated_prompts", 0),
+            diagnostics=Diagnostics(**saved["diagnostics"]) if saved.get("diagnostics") else None,
+            versions=saved.get("versions", {}),
+            identity=saved.get("identity", {}),
+            tuning=saved.get("tuning"),
+        )
 
     def save(self, folder: str | Path) -> Path:
         """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
@@ -76,6 +104,7 @@ def evaluate(
     chat: bool = False,
     k: int = 5,
     soft_prompt: SoftPrompt | torch.Tensor | None = None,
+    adapter: Adapter | None = None,
     limit: int | None = None,
     seed: int = 0,
     data_dir: str | Path | None = None,
@@ -84,9 +113,12 @@ def evaluate(
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
     multiple-choice knowledge. `soft-prompt` needs a tuned prompt in `soft_prompt`: a `SoftPrompt`
-    (checked against the model, task and chat mode) or bare vectors (recorded by their hash)."""
+    (checked against the model, task and chat mode) or bare vectors (recorded by their hash);
+    `lora` needs a tuned `adapter`, applied for this cell only."""
     if method not in METHODS:
         raise SoftevalError(f"unknown method '{method}'; choose one of: {', '.join(METHODS)}")
+    if (method == "lora") != (adapter is not None):
+        raise SoftevalError("the lora method needs a tuned LoRA adapter, and only it takes one")
     if chat and not lm.post_trained:
         raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
     if batch_size < 1:
@@ -100,6 +132,8 @@ def evaluate(
         soft_prompt.check_shape(lm)
     elif soft_prompt is not None:
         soft_prompt.check(lm, spec, chat)
+    if adapter is not None:
+        check_made_for(f"LoRA adapter {adapter.path}", adapter.metadata, lm, spec, chat)
     vectors = None if soft_prompt is None else soft_prompt.vectors
     started = time.perf_counter()
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
@@ -107,8 +141,9 @@ def evaluate(
     demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed) if shots else []
     n_soft = 0 if vectors is None else vectors.shape[0]
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
-    engine = Engine(lm, batch_size=batch_size, soft_prompt=vectors)
-    with progress_bars(progress) as bars:
+    applied = lora_applied(lm, adapter.peft_config(), adapter.weights) if adapter else nullcontext()
+    with applied, progress_bars(progress) as bars:
+        engine = Engine(lm, batch_size=batch_size, soft_prompt=vectors)
         samples, timings = run_examples(spec, examples, builder, engine, bars, f"{lm.name} {spec.name} {method}")
     n_truncated = sum(s.truncated for s in samples)
     if n_truncated:
@@ -122,6 +157,7 @@ def evaluate(
         "k": shots,
         "soft_prompt_length": n_soft,
         "soft_prompt": None if soft_prompt is None else soft_prompt.identity(),
+        "adapter": None if adapter is None else adapter.identity(),
         "limit": limit,
         "seed": seed,
         "batch_size": batch_size,
@@ -130,6 +166,7 @@ def evaluate(
         "stop": spec.stop,
     }
     metrics = aggregate(samples, seed=seed)
+    tuned = soft_prompt or adapter
     answer_format = spec.format
     chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
     return EvalResult(
@@ -142,7 +179,42 @@ def evaluate(
         n_truncated=n_truncated,
         diagnostics=diagnose(samples, metrics["task_accuracy"], chance),
         versions=package_versions(),
+        identity=cell_identity(lm, spec, method, chat=chat, k=shots, limit=limit, seed=seed, data_dir=data_dir, tuned=tuned),
+        tuning=None if tuned is None else tuning_record(tuned),
     )
+
+
+def cell_identity(lm: LoadedModel, spec: TaskSpec, method: str, *, chat: bool, k: int, limit: int | None, seed: int,
+                  data_dir, tuned: SoftPrompt | Adapter | None) -> dict:
+    """Everything a cell's results depend on: the model, the task spec, the data, the method and its
+    settings, and the tuned prompt or adapter. A finished cell with the same identity is not redone;
+    the batch size is left out, since a row's output does not depend on its batch."""
+    ds = spec.dataset
+    splits = [ds.eval_split] + ([ds.fewshot_split] if method == "few-shot" else [])
+    data = [data_identity(spec, split, data_dir) for split in splits]
+    return {
+        # the dtype too: the same model in bf16 on a GPU and in fp32 on a CPU gives other outputs
+        "model": {key: lm.identity.get(key) for key in (*MODEL_KEYS, "dtype")},
+        "task_spec_sha256": spec.sha256(),
+        "data": [[d["split"], d.get("sha256") or d["source"], d["rows"]] for d in data],
+        "method": method,
+        "chat": chat,
+        "k": k if method == "few-shot" else 0,
+        "limit": limit,
+        "seed": seed,
+        "tuned_sha256": None if tuned is None else tuned.sha256,
+    }
+
+
+def tuning_record(tuned: SoftPrompt | Adapter) -> dict:
+    """The cost of a tuned method beside its score: trainable parameters and tuning time."""
+    meta = tuned.metadata
+    n = tuned.n_parameters if isinstance(tuned, Adapter) else tuned.vectors.numel()
+    return {
+        "trainable_parameters": meta.get("trainable_parameters", n),
+        "tuning_seconds": meta.get("tuning_seconds"),
+        "steps": meta.get("steps"),
+    }
 
 
 def run_examples(

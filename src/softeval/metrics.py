@@ -23,6 +23,14 @@ from scipy.stats import bootstrap
 from softeval.formats import AnswerFormat, Example, Status
 
 METRICS = ("format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge")
+# the metrics that are a mean of one per-row outcome (the sample field), so rows can be paired and
+# resampled across cells; conditional accuracy is a ratio of two of them
+ROW_METRICS = {
+    "format_following": "format_ok",
+    "task_accuracy": "task_correct",
+    "lenient_accuracy": "lenient_correct",
+    "knowledge": "knowledge_correct",
+}
 COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) marks a collapsed cell
 COLLAPSE_MIN_ANSWERS = 10  # fewer strict answers than this say too little to call a collapse
 

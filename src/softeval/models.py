@@ -209,6 +209,12 @@ def model_kind(spec: str) -> str:
     )
 
 
+def model_name(spec: str) -> str:
+    """The short name a model's results are filed under: the alias, folder or file name, or the
+    hub id's last part."""
+    return Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1]
+
+
 def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | None) -> LoadedModel:
     probe = tokenizer("a")["input_ids"]
     bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
@@ -229,7 +235,7 @@ def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | No
         **source,
     }
     return LoadedModel(
-        name=Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1],
+        name=model_name(spec),
         model=model,
         tokenizer=tokenizer,
         post_trained=has_template if post_trained_hint is None else post_trained_hint and has_template,

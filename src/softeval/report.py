@@ -1,13 +1,27 @@
-"""Reporting: metric tables for the terminal and markdown/JSON summaries of several cells."""
+"""Reporting: metric tables for the terminal, and the comparison of every finished cell of an
+output folder (comparison.md and comparison.json), with paired differences between methods."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
 from softeval._io import write_json_atomic, write_text_atomic
-from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, METRICS, Metric
+from softeval.errors import SoftevalError
+from softeval.evaluate import METHODS, EvalResult
+from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, METRICS, ROW_METRICS, Metric
+from softeval.models import model_name
+from softeval.stats import method_agreement, paired_difference
+
+log = logging.getLogger("softeval")
+
+# (method, baseline): the differences the comparison shows, where both cells exist
+PAIRS = (("soft-prompt", "zero-shot"), ("soft-prompt", "few-shot"), ("soft-prompt", "lora"), ("lora", "few-shot"))
+# the metrics compared row by row: per-row outcomes, so a paired bootstrap applies
+PAIRED_METRICS = {m: ROW_METRICS[m] for m in ("task_accuracy", "knowledge", "format_following")}
 
 SHORT = {
     "format_following": "format",
@@ -70,34 +84,197 @@ def diagnostics_table(results: list) -> list[str]:
     return lines
 
 
-def write_comparison(results: list, folder: Path, curves: dict[str, str] | None = None) -> None:
-    """comparison.md (tables per task, links to tuning curves) and comparison.json (the numbers)."""
-    header = ["model", "method", "n", *METRICS, "flags"]
+def finished_cells(folder: Path) -> list[EvalResult]:
+    """Every finished cell under `folder` (OUTPUT/<model>/<task>/<cell>/results.json), ordered
+    by task, model, method and chat mode; a cell that cannot be read is left out with a warning."""
+    results = []
+    for path in sorted(Path(folder).glob("*/*/*/results.json")):
+        try:
+            results.append(EvalResult.load(path.parent))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("left out of the comparison: %s (%s)", path.parent, str(exc)[:120])
+    rank = {m: i for i, m in enumerate(METHODS)}
+    return sorted(results, key=lambda r: (r.config["task"], r.config["model"], rank.get(r.config["method"], 99), bool(r.config.get("chat"))))
+
+
+def tuning_curves(folder: Path) -> dict[str, str]:
+    """Curve plots of tuned prompts and adapters, by cell name, as paths relative to `folder`."""
+    curves = {}
+    for path in sorted(Path(folder).glob("*/*/*/curve.png")):
+        model, task, kind = path.parent.relative_to(folder).parts
+        curves[f"{model} / {task} / {kind}"] = str(path.relative_to(folder))
+    return curves
+
+
+def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict]:
+    """For each model, task and chat mode, each method minus a baseline on the rows both were
+    evaluated on, with paired bootstrap 95% intervals."""
+    cells = {(r.model.get("spec", r.config["model"]), r.config["task"], bool(r.config.get("chat")), r.config["method"]): r for r in results}
+    comparisons = []
+    for (model, task, chat, method), result in cells.items():
+        for first, baseline in PAIRS:
+            other = cells.get((model, task, chat, baseline))
+            if method != first or other is None:
+                continue
+            if evaluated_on(result) != evaluated_on(other):
+                log.warning("no paired comparison of %s and %s on %s: other versions of the task or its data", method, baseline, task)
+                continue
+            a = {s.index: s for s in result.samples}
+            b = {s.index: s for s in other.samples}
+            rows = sorted(a.keys() & b.keys())
+            if len(rows) < 2:
+                continue
+            entry = {"model": cell_key(result)[0], "task": task, "chat": chat, "method": method, "baseline": baseline, "n": len(rows)}
+            for metric, field in PAIRED_METRICS.items():
+                x = np.array([getattr(a[i], field) for i in rows], dtype=float)
+                y = np.array([getattr(b[i], field) for i in rows], dtype=float)
+                entry[metric] = paired_difference(x, y, seed=seed).model_dump()
+            comparisons.append(entry)
+    return comparisons
+
+
+def cell_key(result: EvalResult) -> tuple[str, str, str, bool]:
+    """(model name, task, method, chat) of a cell."""
+    config = result.config
+    return model_name(config["model"]), config["task"], config["method"], bool(config.get("chat"))
+
+
+def evaluated_on(result: EvalResult) -> tuple:
+    """The task spec and evaluation data a cell read. A row index means the same question only
+    between cells that agree on both: cells are paired row by row only then."""
+    data = result.data
+    return data.get("spec_sha256"), data.get("split"), data.get("sha256") or data.get("source")
+
+
+def common_rows(results: list[EvalResult]) -> list[int]:
+    """The rows every one of the cells evaluated, so all are compared on the same rows; an error
+    when the cells read different versions of the task or its data."""
+    if len({evaluated_on(r) for r in results}) > 1:
+        task = results[0].config["task"]
+        raise SoftevalError(
+            f"the cells of task {task} were evaluated on different versions of its spec or data; "
+            "rerun the older cells (softeval ... --force) so they compare the same questions"
+        )
+    return sorted(set.intersection(*({s.index for s in r.samples} for r in results)))
+
+
+def outcome_table(results: list[EvalResult], rows: list[int], field: str) -> np.ndarray:
+    """(cells, rows) per-row outcomes (`field` of each sample), columns in `rows` order."""
+    table = []
+    for result in results:
+        by_index = {s.index: s for s in result.samples}
+        table.append([float(getattr(by_index[i], field)) for i in rows])
+    return np.array(table)
+
+
+def tuned_agreement(cells: dict, *, n_resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Soft prompt against LoRA task accuracy across every (model, task, chat mode) that has both
+    (`cells` keyed by `cell_key`): Pearson r and Kendall tau-b with intervals; None below 3 cells."""
+    both = [(model, task, chat) for (model, task, method, chat) in cells if method == "soft-prompt" and (model, task, "lora", chat) in cells]
+    if len(both) < 3:
+        return None
+    x, y, tasks = [], [], []
+    for task in dict.fromkeys(t for _, t, _ in both):
+        keys = [k for k in both if k[1] == task]
+        try:
+            rows = common_rows([cells[(m, task, method, c)] for m, _, c in keys for method in ("soft-prompt", "lora")])
+        except SoftevalError as exc:
+            log.warning("soft prompt vs LoRA leaves out %s: %s", task, exc)
+            continue
+        if len(rows) < 2:
+            continue
+        for model, _, chat in keys:
+            x.append(outcome_table([cells[(model, task, "soft-prompt", chat)]], rows, "task_correct")[0])
+            y.append(outcome_table([cells[(model, task, "lora", chat)]], rows, "task_correct")[0])
+            tasks.append(task)
+    if len(x) < 3:
+        return None
+    agreement = method_agreement(x, y, tasks, n_resamples=n_resamples, seed=seed)
+    return agreement.model_dump() | {"metric": "task_accuracy", "cells": [list(k) for k in both if k[1] in tasks]}
+
+
+def _difference(d: dict) -> str:
+    if d["value"] is None:
+        return "n/a"
+    ci = f" [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]" if d["ci_low"] is not None else ""
+    return f"{'**' if d['excludes_zero'] else ''}{100 * d['value']:+.1f}{'**' if d['excludes_zero'] else ''}{ci}"
+
+
+def comparisons_table(comparisons: list[dict], task: str) -> list[str]:
+    """Markdown lines: paired differences of one task; bold where the interval excludes 0."""
+    header = ["model", "difference", "n", *PAIRED_METRICS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in comparisons:
+        if c["task"] == task:
+            name = f"{c['method']} - {c['baseline']}" + (" (chat)" if c["chat"] else "")
+            lines.append("| " + " | ".join([c["model"], name, str(c["n"]), *(_difference(c[m]) for m in PAIRED_METRICS)]) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def _estimate(e: dict) -> str:
+    if e["value"] is None:
+        return "n/a"
+    return f"{e['value']:.2f}" + (f" [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e["ci_low"] is not None else "")
+
+
+def cost(result: EvalResult) -> str:
+    """Trainable parameters and tuning time of a tuned cell."""
+    t = result.tuning
+    if not t:
+        return "-"
+    seconds = f", {t['tuning_seconds']:.0f} s" if t.get("tuning_seconds") is not None else ""
+    return f"{t['trainable_parameters']:,}{seconds}"
+
+
+def write_comparison(folder: Path) -> list[EvalResult]:
+    """comparison.md and comparison.json over every finished cell in `folder`, whichever command
+    wrote it: a second command into the same folder adds its cells. Returns the cells."""
+    folder = Path(folder)
+    results = finished_cells(folder)
+    curves = tuning_curves(folder)
+    comparisons = paired_comparisons(results)
+    header = ["model", "method", "n", *METRICS, "tuning cost", "flags"]
     lines = [
         "# softeval comparison",
         "",
         "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *at chance* (task",
         "accuracy not above the chance level by its interval), *collapsed* (one option is over",
-        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more).",
+        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more). Tuning cost:",
+        "trainable parameters and tuning seconds. Paired differences are in percentage points on the",
+        "rows both cells evaluated, with paired bootstrap intervals; **bold** where the interval excludes 0.",
         "",
     ]
     for task in dict.fromkeys(r.config["task"] for r in results):
+        in_task = [r for r in results if r.config["task"] == task]
         lines += [f"## {task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for r, row in zip(results, rows(results)):
-            if r.config["task"] == task:
-                lines.append("| " + " | ".join([row[0], *row[2:]]) + " |")
-        lines += ["", *diagnostics_table([r for r in results if r.config["task"] == task]), ""]
+        for r, row in zip(in_task, rows(in_task)):
+            lines.append("| " + " | ".join([row[0], *row[2:-1], cost(r), row[-1]]) + " |")
+        lines += ["", *diagnostics_table(in_task), ""]
+        paired = comparisons_table(comparisons, task)
+        if paired:
+            lines += [f"### {task}: paired differences", "", *paired, ""]
     if curves:
         lines += ["## Tuning curves", ""]
         lines += [f"### {name}\n\n![{name}]({path})\n" for name, path in curves.items()]
-    write_text_atomic(folder / "comparison.md", "\n".join(lines) + "\n")
     cells = [
         {
             **r.config,
             "n": len(r.samples),
             "metrics": {k: m.model_dump() for k, m in r.metrics.items()},
             "diagnostics": r.diagnostics.model_dump() if r.diagnostics else None,
+            "tuning": r.tuning,
         }
         for r in results
     ]
-    write_json_atomic(folder / "comparison.json", {"cells": cells, "curves": curves or {}})
+    agreement = tuned_agreement({cell_key(r): r for r in results})
+    if agreement:
+        lines += [
+            "## Soft prompt vs LoRA",
+            "",
+            f"Task accuracy over {agreement['n_cells']} cells: Pearson r {_estimate(agreement['pearson'])}, "
+            f"Kendall tau-b {_estimate(agreement['tau_b'])} (95% intervals resample rows jointly).",
+            "",
+        ]
+    write_text_atomic(folder / "comparison.md", "\n".join(lines) + "\n")
+    write_json_atomic(folder / "comparison.json", {"cells": cells, "paired": comparisons, "soft_prompt_vs_lora": agreement, "curves": curves})
+    return results

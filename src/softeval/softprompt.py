@@ -87,26 +87,29 @@ class SoftPrompt:
 
     def check(self, lm: LoadedModel, spec: TaskSpec, chat: bool) -> None:
         """A clear error when the prompt was tuned for another model, task or chat mode."""
-        where = self.name
         self.check_shape(lm)
-        differs = model_difference(self.metadata.get("model", {}), lm.identity)
-        if differs:
-            raise SoftevalError(
-                f"{where} was tuned for model '{self.metadata.get('model', {}).get('spec')}', "
-                f"not '{lm.identity['spec']}' ({differs} differs); tune a prompt for this model"
-            )
-        task = self.metadata.get("task")
-        if not isinstance(task, dict):
-            raise SoftevalError(f"{where} does not record its task (written by an older softeval); tune it again")
-        if task.get("name") != spec.name:
-            raise SoftevalError(f"{where} was tuned for task '{task.get('name')}', not '{spec.name}'; tune a prompt for this task")
-        if task.get("spec_sha256") != spec.sha256():
-            raise SoftevalError(f"{where} was tuned on another version of task '{spec.name}' (its spec changed); tune it again")
-        if bool(self.metadata.get("chat")) != chat:
-            tuned = "with" if self.metadata.get("chat") else "without"
-            raise SoftevalError(
-                f"{where} was tuned {tuned} the chat template; evaluate {tuned} --chat or tune a prompt for this mode"
-            )
+        check_made_for(self.name, self.metadata, lm, spec, chat)
+
+
+def check_made_for(where: str, metadata: dict, lm: LoadedModel, spec: TaskSpec, chat: bool) -> None:
+    """A clear error when a tuned prompt or adapter (`where` names it) was made for another model,
+    task (or version of its spec) or chat mode than it is used with."""
+    differs = model_difference(metadata.get("model", {}), lm.identity)
+    if differs:
+        raise SoftevalError(
+            f"{where} was tuned for model '{metadata.get('model', {}).get('spec')}', "
+            f"not '{lm.identity['spec']}' ({differs} differs); tune one for this model"
+        )
+    task = metadata.get("task")
+    if not isinstance(task, dict):
+        raise SoftevalError(f"{where} does not record its task (written by an older softeval); tune it again")
+    if task.get("name") != spec.name:
+        raise SoftevalError(f"{where} was tuned for task '{task.get('name')}', not '{spec.name}'; tune one for this task")
+    if task.get("spec_sha256") != spec.sha256():
+        raise SoftevalError(f"{where} was tuned on another version of task '{spec.name}' (its spec changed); tune it again")
+    if bool(metadata.get("chat")) != chat:
+        tuned = "with" if metadata.get("chat") else "without"
+        raise SoftevalError(f"{where} was tuned {tuned} the chat template; evaluate {tuned} --chat or tune one for this mode")
 
 
 # Model identity keys that must agree for a prompt to be used (dtype and device may differ).

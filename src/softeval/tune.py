@@ -1,4 +1,5 @@
-"""Soft-prompt tuning: the model stays frozen, AdamW updates only the L prompt vectors.
+"""Tuning with a frozen model: AdamW updates only the L soft-prompt vectors (method `soft-prompt`)
+or only the low-rank adapters of the LoRA baseline (method `lora`, see `lora.py`).
 
 The loss covers the target tokens only (the gold answer in the strict format, then the stop
 string, so the model learns to stop), and vocabulary logits are computed only at those positions.
@@ -15,9 +16,10 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch.utils.checkpoint import checkpoint
@@ -27,11 +29,25 @@ from softeval.data import Example, data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.evaluate import run_examples
+from softeval.lora import (
+    Adapter,
+    load_adapter,
+    lora_applied,
+    lora_config,
+    save_adapter,
+    trainable_parameters,
+)
 from softeval.metrics import aggregate
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, tuning_target
-from softeval.softprompt import Init, initial_vectors, model_difference, save_soft_prompt
+from softeval.softprompt import (
+    Init,
+    SoftPrompt,
+    initial_vectors,
+    model_difference,
+    save_soft_prompt,
+)
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
@@ -43,6 +59,7 @@ TOKEN_BUDGET = 768  # padded positions (rows x longest row) in one tuning forwar
 
 
 class TuneConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a default
     steps: int = Field(120, gt=0)
     batch_size: int = Field(8, gt=0)
     lr: float = Field(0.01, gt=0)
@@ -54,25 +71,67 @@ class TuneConfig(BaseModel):
     val_size: int = Field(64, gt=0)
     max_grad_norm: float = 1.0
     chat: bool = False
+    # what is tuned: the soft prompt, or LoRA adapters (length and init then do not apply)
+    method: Literal["soft-prompt", "lora"] = "soft-prompt"
+    lora_rank: int = Field(8, gt=0)
+    lora_alpha: int = Field(16, gt=0)
+    lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class Tuner:
-    """Holds the frozen model, the prompt parameter and the data of one tuning run."""
+    """Holds the frozen model, the trained parameters (prompt or adapters) and the data of one
+    tuning run. For LoRA the adapters live inside the model until `close()`: use it as a context
+    manager."""
 
     def __init__(self, lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir=None):
         self.lm, self.spec, self.config = lm, spec, config
         if config.chat and not lm.post_trained:
             raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
         self.train, self.val = _train_and_validation(spec, config, data_dir)
-        self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + config.length)
-        self.prompt = torch.nn.Parameter(
-            # text init starts from the task's own instruction unless given other words
-            initial_vectors(lm, config.length, config.init, config.init_text or spec.instruction or spec.description or spec.name, config.seed).to(
-                next(lm.model.parameters()).device
+        self.prompt: torch.nn.Parameter | None = None
+        self._lora = None
+        if config.method == "soft-prompt":
+            self.prompt = torch.nn.Parameter(
+                # text init starts from the task's own instruction unless given other words
+                initial_vectors(lm, config.length, config.init, config.init_text or spec.instruction or spec.description or spec.name, config.seed).to(
+                    next(lm.model.parameters()).device
+                )
             )
-        )
-        self.optimizer = torch.optim.AdamW([self.prompt], lr=config.lr, weight_decay=0.0)
+        n_soft = 0 if self.prompt is None else config.length
+        self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
         self.engine = Engine(lm, batch_size=16, soft_prompt=self.prompt)
+        if config.method == "lora":  # last: once the layers are in the model, nothing else can fail here
+            self._lora = lora_applied(lm, lora_config(config.lora_rank, config.lora_alpha, config.lora_targets), seed=config.seed)
+            self.peft_model = self._lora.__enter__()
+            self.params = trainable_parameters(self.peft_model)
+        else:
+            self.params = {"soft_prompt": self.prompt}
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, weight_decay=0.0)
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    def close(self) -> None:
+        """Take LoRA layers out of the model again (nothing to do for a soft prompt)."""
+        if self._lora is not None:
+            self._lora.__exit__(None, None, None)
+            self._lora = None
+
+    def __enter__(self) -> Tuner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def tuned(self, output: Path, summary: dict) -> SoftPrompt | Adapter:
+        """Save what was tuned into `output` (the commit marker of a finished run) and return it."""
+        if self.prompt is None:
+            save_adapter(output, self.peft_model, summary)
+            return load_adapter(output)
+        path = output / "soft_prompt.safetensors"
+        save_soft_prompt(path, self.prompt, summary)
+        return SoftPrompt(self.prompt.detach().clone(), summary, path)
 
     def batch(self, step: int) -> list[Example]:
         rng = random.Random(self.config.seed * 1_000_003 + step)
@@ -87,7 +146,7 @@ class Tuner:
         would otherwise hold gigabytes). The result is the same as one pass over the batch."""
         sequences = [(self.builder.generation(e).ids, self.lm.encode(tuning_target(self.spec, e))) for e in examples]
         n_targets = sum(len(target) for _, target in sequences)
-        total = torch.zeros((), device=self.prompt.device)
+        total = torch.zeros((), device=self.engine.device)
         for group in _micro_batches(sequences, TOKEN_BUDGET):
             part = self._summed_loss(group) / n_targets
             if backward:
@@ -131,16 +190,16 @@ class Tuner:
         loss = self.loss(self.batch(step), backward=True)
         if not torch.isfinite(loss):
             raise SoftevalError(f"loss became {loss.item()} at step {step}; lower --lr or check the task's targets")
-        # a non-finite gradient would put NaN into the prompt and every checkpoint after it
-        if self.prompt.grad is None or not torch.isfinite(self.prompt.grad).all():
+        # a non-finite gradient would put NaN into the parameters and every checkpoint after them
+        if any(p.grad is None or not torch.isfinite(p.grad).all() for p in self.params.values()):
             raise SoftevalError(f"the gradient became non-finite at step {step}; lower --lr or check the task's targets")
-        torch.nn.utils.clip_grad_norm_([self.prompt], self.config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm)
         self.optimizer.step()
         return loss.item()
 
     def validate(self, bars: Bars | None = None) -> dict:
         bars = bars or Bars(None)
-        engine = Engine(self.lm, batch_size=16, soft_prompt=self.prompt.detach())
+        engine = Engine(self.lm, batch_size=16, soft_prompt=None if self.prompt is None else self.prompt.detach())
         with torch.no_grad():
             samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
@@ -150,11 +209,13 @@ class Tuner:
     # --- checkpoints: safetensors only, never pickles --------------------------------------------
 
     def save_checkpoint(self, path: Path, state: RunState) -> None:
-        optimizer = self.optimizer.state.get(self.prompt, {})
-        tensors = {"soft_prompt": self.prompt.detach().cpu().contiguous()}
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in optimizer:
-                tensors[key] = optimizer[key].detach().cpu().contiguous()
+        tensors = {}
+        for name, param in self.params.items():
+            tensors[name] = param.detach().cpu().contiguous()
+            optimizer = self.optimizer.state.get(param, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in optimizer:
+                    tensors[f"{key}:{name}"] = optimizer[key].detach().cpu().contiguous()
         meta = {
             "step": str(state.step),
             "curve": json.dumps(state.curve),
@@ -166,7 +227,7 @@ class Tuner:
 
     def made_for(self) -> dict:
         """The model and task spec a checkpoint of this run belongs to."""
-        return {"model": self.lm.identity, "task_spec_sha256": self.spec.sha256()}
+        return {"model": self.lm.identity, "task_spec_sha256": self.spec.sha256(), "method": self.config.method}
 
     def load_checkpoint(self, path: Path) -> RunState:
         check_resumable(path, self.config)
@@ -176,18 +237,23 @@ class Tuner:
                 "delete it to tune from step 0, or choose another --output"
             )
         try:
-            # the optimizer state goes where the prompt lives (the model's device)
-            with safe_open(str(path), framework="pt", device=str(self.prompt.device)) as f:
+            # the optimizer state goes where the parameters live (the model's device)
+            device = str(next(iter(self.params.values())).device)
+            with safe_open(str(path), framework="pt", device=device) as f:
                 meta = f.metadata()
                 state = RunState(int(meta["step"]), json.loads(meta["curve"]), float(meta.get("tuning_seconds", 0.0)))
-                with torch.no_grad():
-                    self.prompt.copy_(f.get_tensor("soft_prompt"))
-                if "exp_avg" in f.keys():
-                    self.optimizer.state[self.prompt] = {
-                        "step": torch.tensor(float(state.step)),
-                        "exp_avg": f.get_tensor("exp_avg"),
-                        "exp_avg_sq": f.get_tensor("exp_avg_sq"),
-                    }
+                keys = set(f.keys())
+                for name, param in self.params.items():
+                    with torch.no_grad():
+                        param.copy_(f.get_tensor(name))
+                    # checkpoints of older versions keep a soft prompt's moments unprefixed
+                    prefix = f"exp_avg:{name}" if f"exp_avg:{name}" in keys else "exp_avg" if name == "soft_prompt" else None
+                    if prefix in keys:
+                        self.optimizer.state[param] = {
+                            "step": torch.tensor(float(state.step)),
+                            "exp_avg": f.get_tensor(prefix),
+                            "exp_avg_sq": f.get_tensor(prefix.replace("exp_avg", "exp_avg_sq")),
+                        }
         except (KeyError, ValueError, RuntimeError, OSError, SafetensorError) as exc:
             raise _unreadable_checkpoint(path, exc) from exc
         return state
@@ -233,7 +299,11 @@ def checkpoint_matches(path: Path, config: TuneConfig, lm: LoadedModel, spec: Ta
         return False
     with safe_open(str(path), framework="pt") as f:
         made_for = json.loads((f.metadata() or {}).get("made_for", "{}"))
-    return not model_difference(made_for.get("model", {}), lm.identity) and made_for.get("task_spec_sha256") == spec.sha256()
+    return (
+        not model_difference(made_for.get("model", {}), lm.identity)
+        and made_for.get("task_spec_sha256") == spec.sha256()
+        and made_for.get("method", "soft-prompt") == config.method
+    )
 
 
 def check_resumable(path: Path, config: TuneConfig) -> None:
@@ -269,16 +339,37 @@ def tune(
     resume: bool = False,
     progress: bool = True,
     produced: dict | None = None,
-) -> dict:
-    """Tune a soft prompt; writes soft_prompt.safetensors, curve.json, curve.png into `output`.
+    prior_seconds: float = 0.0,
+) -> SoftPrompt | Adapter:
+    """Tune a soft prompt (or, with `config.method == "lora"`, a LoRA adapter) and return it.
 
-    The prompt's metadata records its provenance (see `provenance`); `produced` says how it was
-    made when that is more than a plain run (a sweep passes its grid)."""
+    Writes curve.json, curve.png and then soft_prompt.safetensors (or the PEFT adapter files) into
+    `output`. Its metadata records the provenance (see `provenance`), the final validation metrics,
+    the trainable parameter count and the tuning time; `produced` says how it was made when that is
+    more than a plain run (a sweep passes its grid, and its trials' time as `prior_seconds`, so the
+    recorded tuning time is the prompt's whole cost)."""
     config = config or TuneConfig()
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    tuner = Tuner(lm, spec, config, data_dir)
-    checkpoint = output / "checkpoint.safetensors"
+    with Tuner(lm, spec, config, data_dir) as tuner:
+        state = _train(tuner, output / "checkpoint.safetensors", resume, progress)
+        summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
+            "steps": config.steps,
+            "final": state.curve[-1],
+            "trainable_parameters": tuner.n_trainable,
+            # the whole run's tuning time, resumed parts (and sweep trials) included
+            "tuning_seconds": round(state.seconds + prior_seconds, 2),
+        }
+        write_json_atomic(output / "curve.json", state.curve)
+        plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name} ({config.method})")
+        # what was tuned last: where it exists, so do its curves (a finished run is reused by it)
+        return tuner.tuned(output, summary)
+
+
+def _train(tuner: Tuner, checkpoint: Path, resume: bool, progress: bool) -> RunState:
+    """Every step from the checkpoint (or step 0) to the end, validating and checkpointing every
+    `eval_every` steps."""
+    config, output = tuner.config, checkpoint.parent
     state = RunState()
     if resume:
         if checkpoint.exists():
@@ -288,7 +379,7 @@ def tune(
             log.warning("no checkpoint in %s yet: tuning from step 0", output)
     started = time.perf_counter()
     with progress_bars(progress) as bars:
-        advance = bars.row(f"{lm.name} {spec.name}: tune", config.steps)
+        advance = bars.row(f"{tuner.lm.name} {tuner.spec.name}: tune {config.method}", config.steps)
         if not state.curve:  # the untuned starting point, so the curve shows what tuning changed
             state.curve.append({"step": 0, "train_loss": None, **tuner.validate(bars)})
         advance(state.step)
@@ -304,17 +395,7 @@ def tune(
                 started = time.perf_counter()
                 tuner.save_checkpoint(checkpoint, state)
             advance(1)
-    summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
-        "steps": config.steps,
-        "final": state.curve[-1],
-        # the whole run's tuning time, resumed parts included
-        "tuning_seconds": round(state.seconds, 2),
-    }
-    write_json_atomic(output / "curve.json", state.curve)
-    plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name}")
-    # the prompt last: where it exists, so do its curves (a finished run is reused by its prompt)
-    save_soft_prompt(output / "soft_prompt.safetensors", tuner.prompt, summary)
-    return summary
+    return state
 
 
 SWEEP_LRS = (0.003, 0.01, 0.03)
@@ -332,7 +413,7 @@ def sweep(
     lrs: tuple[float, ...] = SWEEP_LRS,
     inits: tuple[Init, ...] = SWEEP_INITS,
     progress: bool = True,
-) -> dict:
+) -> SoftPrompt:
     """Try each (learning rate, init) for `sweep_steps` steps, pick the best on the validation
     slice (task accuracy, then lower validation loss), tune it for the full run, record all."""
     config = config or TuneConfig()
@@ -342,14 +423,14 @@ def sweep(
         for init in inits:
             trial = config.model_copy(update={"lr": lr, "init": init, "steps": min(sweep_steps, config.steps)})
             trial = trial.model_copy(update={"eval_every": min(trial.eval_every, trial.steps)})
-            summary = tune(lm, spec, trial, output=output / "sweep" / f"lr{lr:g}-{init}", data_dir=data_dir, progress=progress)
-            trials.append({"lr": lr, "init": init, "steps": trial.steps, "final": summary["final"]})
+            tuned = tune(lm, spec, trial, output=output / "sweep" / f"lr{lr:g}-{init}", data_dir=data_dir, progress=progress)
+            trials.append({"lr": lr, "init": init, "steps": trial.steps, "final": tuned.metadata["final"], "tuning_seconds": tuned.metadata["tuning_seconds"]})
     best = max(trials, key=lambda t: ((t["final"].get("task_accuracy") or 0.0), -t["final"]["val_loss"]))
     chosen = config.model_copy(update={"lr": best["lr"], "init": best["init"]})
     write_json_atomic(output / "sweep.json", {"trials": trials, "chosen": {"lr": best["lr"], "init": best["init"]}})
     produced = sweep_record(sweep_steps, lrs, inits)
-    summary = tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress, produced=produced)
-    return summary | {"sweep": trials}
+    trial_seconds = sum(t["tuning_seconds"] for t in trials)
+    return tune(lm, spec, chosen, output=output, data_dir=data_dir, progress=progress, produced=produced, prior_seconds=trial_seconds)
 
 
 def sweep_record(sweep_steps: int, lrs: tuple[float, ...] = SWEEP_LRS, inits: tuple[Init, ...] = SWEEP_INITS) -> dict:

@@ -1,0 +1,131 @@
+"""The report page as a user sees it: a tiny-model study's index.html opened in headless Chromium.
+
+Skipped only where no browser can be had (no Chromium binary, or no Playwright to drive it), and
+the skip says which. `.ci/run` installs Debian's chromium when it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import STUDY_ROWS, write_study
+from typer.testing import CliRunner
+
+from softeval.cli import app
+
+# a row whose text tries to end the page's data block and run a script of its own
+HOSTILE = {"q": 'Capital of </script><script>document.title="pwned"</script><!-- France?', "a": "Paris", "b": "Rome", "gold": 0}
+SCREENSHOT_ENV = "SOFTEVAL_SCREENSHOT_DIR"  # keep the screenshots (CI artifacts, a look by eye)
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("no Chromium binary on PATH (Debian: apt-get install chromium): the report's browser check did not run")
+
+
+@pytest.fixture(scope="module")
+def study_page(tmp_path_factory, family_dirs) -> Path:
+    tmp_path = tmp_path_factory.mktemp("page")
+    out = tmp_path / "out"
+    # every row (the hostile one too); knowledge as the reference, so random models rank apart
+    methods = ["zero-shot", "few-shot", "soft-prompt", "lora"]
+    study = write_study(tmp_path, family_dirs, methods, rows=[HOSTILE] + STUDY_ROWS, limit=None, reference={"metric": "knowledge"})
+    result = CliRunner().invoke(app, ["study", str(study), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"report: {out / 'index.html'}" in result.output
+    return out / "index.html"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed: the report's browser check did not run")
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+def open_page(browser, path: Path):
+    """The page loaded from disk, with every console error, page error and request recorded."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.errors, page.requests = [], []
+    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.on("request", lambda request: page.requests.append(request.url))
+    page.goto(path.as_uri())
+    return page
+
+
+def expected_samples(out: Path, **wanted) -> int:
+    """Samples of the cells on disk that match: counted from samples.jsonl, not from the page."""
+    count = 0
+    for path in out.glob("*/*/*/samples.jsonl"):
+        model, task, cell = path.parent.relative_to(out).parts
+        method = cell.removesuffix("-chat") + (" +chat" if cell.endswith("-chat") else "")
+        if wanted.get("model", model) != model or wanted.get("method", method) != method:
+            continue
+        samples = [json.loads(line) for line in path.read_text().splitlines()]
+        if wanted.get("outcome") == "correct":
+            samples = [s for s in samples if s["task_correct"]]
+        count += len(samples)
+    return count
+
+
+def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
+    assert study_page.stat().st_size < 3_000_000
+    page = open_page(browser, study_page)
+    assert page.errors == []
+    assert page.requests == [study_page.as_uri()]  # nothing but the file itself: no CDN, no network
+    assert page.title() != "pwned" and "pwned" not in page.evaluate("document.title")
+    for section in ("run", "overview", "paired", "curves", "ranking", "samples"):
+        assert page.locator(f"section#{section}").count() == 1, section
+    assert page.locator("#run table").first.locator("tr").count() == 1 + 6  # six models with their identity
+    assert page.locator("table.overview tr").count() == 1 + 3 * 4 + 3 * 8  # base: 4 methods, post-trained: 4 x 2 chat modes
+    assert page.locator("#overview svg").count() == 1 and page.locator("#curves svg").count() == 3 * 2 + 3 * 4
+    assert page.locator("#ranking table tr").count() == 1 + 4 * 4  # four metrics x four methods
+    # the hostile row's text is shown as text, in full
+    page.select_option("#filter-model", "alpha-base0")
+    page.select_option("#filter-method", "zero-shot")
+    texts = page.locator("tr.sample details pre").all_text_contents()
+    assert any("</script><script>document.title" in t for t in texts)
+
+    shot = Path(os.environ.get(SCREENSHOT_ENV, tmp_path)) / "report.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.goto(study_page.as_uri())
+    page.screenshot(path=str(shot), full_page=True)
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    assert image.size[1] > 2000  # the whole page, not one screen
+    assert len(set(image.resize((200, 400)).getdata())) > 20  # text, tables and charts, not a blank page
+
+
+def test_sample_filters_change_the_visible_rows(study_page, browser):
+    out = study_page.parent
+    page = open_page(browser, study_page)
+    total = expected_samples(out)
+    assert page.locator("#sample-count").inner_text() == f"{total} of {total} samples"
+    assert page.locator("tr.sample").count() == min(total, 50)  # one page at a time
+
+    page.select_option("#filter-model", "beta-post-trained0")
+    page.select_option("#filter-method", "soft-prompt +chat")
+    assert page.locator("tr.sample").count() == expected_samples(out, model="beta-post-trained0", method="soft-prompt +chat") == 25
+    page.select_option("#filter-outcome", "correct")
+    correct = expected_samples(out, model="beta-post-trained0", method="soft-prompt +chat", outcome="correct")
+    assert page.locator("tr.sample").count() == correct
+    assert page.locator("#sample-count").inner_text() == f"{correct} of {total} samples"
+    assert all(t == "correct" for t in page.locator("tr.sample td:nth-child(3)").all_text_contents())
+
+    page.select_option("#filter-outcome", "")
+    page.select_option("#filter-model", "")
+    page.select_option("#filter-method", "")
+    page.click("#page-next")
+    assert page.locator("#page-label").inner_text().startswith("page 2 of")
+    assert page.errors == []

@@ -1,0 +1,356 @@
+"""Studies: the LoRA baseline, study files, the resumable grid, the comparison of every finished
+cell on disk, paired differences, the ranking analysis and Ray, on tiny models end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROWS, cells_of, write_study, write_user_task
+from scipy.stats import kendalltau
+from typer.testing import CliRunner
+
+from softeval.cli import app
+from softeval.errors import SoftevalError
+from softeval.lora import lora_applied
+from softeval.models import load_model
+from softeval.study import load_study
+from softeval.tune import TuneConfig, Tuner, tune
+
+runner = CliRunner()
+
+
+def run(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+def _task(tmp_path):
+    from softeval.task import load_task
+
+    return load_task(write_user_task(tmp_path, ROWS * 10))
+
+
+def _logits(lm, text="Question: Capital of France?\nAnswer:"):
+    with torch.no_grad():
+        return lm.model(torch.tensor([lm.encode(text)])).logits
+
+
+# --- LoRA -----------------------------------------------------------------------------------------
+
+
+def test_lora_adapter_is_a_peft_adapter_and_leaves_the_model_as_it_was(tmp_path, tiny_model_dirs):
+    from peft import PeftModel
+
+    lm = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    before = _logits(lm)
+    config = TuneConfig(method="lora", steps=3, lr=0.05, eval_every=3, val_size=4, batch_size=2)
+    adapter = tune(lm, _task(tmp_path), config, output=tmp_path / "adapter", progress=False)
+    assert torch.equal(_logits(lm), before)  # the LoRA layers are gone again
+    assert not any(p.requires_grad for p in lm.model.parameters())
+
+    # rank 8 on q, k, v, o of 2 layers: r x (in + out) per projection (k and v project to 2 heads of 16)
+    hidden, kv = 64, 32
+    expected = 2 * 8 * ((hidden + hidden) + (hidden + kv) * 2 + (hidden + hidden))
+    assert adapter.n_parameters == adapter.metadata["trainable_parameters"] == expected
+    assert adapter.metadata["tuning_seconds"] > 0 and adapter.metadata["config"]["method"] == "lora"
+    assert any(w.abs().sum() > 0 for k, w in adapter.weights.items() if "lora_B" in k)  # tuning moved B off zero
+
+    with lora_applied(lm, adapter.peft_config(), adapter.weights):
+        ours = _logits(lm)
+    assert not torch.allclose(ours, before)
+    fresh = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    peft_model = PeftModel.from_pretrained(fresh.model, tmp_path / "adapter")
+    with torch.no_grad():
+        theirs = peft_model(torch.tensor([lm.encode("Question: Capital of France?\nAnswer:")])).logits
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_lora_tuning_resumes_to_the_same_adapter(tmp_path, tiny_llama, monkeypatch):
+    spec = _task(tmp_path)
+    config = TuneConfig(method="lora", steps=4, lr=0.05, eval_every=2, val_size=4, batch_size=2)
+    whole = tune(tiny_llama, spec, config, output=tmp_path / "whole", progress=False)
+
+    original = Tuner.step
+
+    def crashing(self, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return original(self, step)
+
+    monkeypatch.setattr(Tuner, "step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        tune(tiny_llama, spec, config, output=tmp_path / "split", progress=False)
+    monkeypatch.setattr(Tuner, "step", original)
+    assert not (tmp_path / "split" / "adapter_model.safetensors").exists()
+    resumed = tune(tiny_llama, spec, config, output=tmp_path / "split", resume=True, progress=False)
+    assert resumed.sha256 == whole.sha256
+    assert json.loads((tmp_path / "split" / "curve.json").read_text()) == json.loads((tmp_path / "whole" / "curve.json").read_text())
+
+
+# --- study files ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("models: [a]\ntasks: [t]\nmethods: [zero-shot, prefix]\n", "methods: unknown method 'prefix'; choose from: zero-shot, few-shot, soft-prompt, lora"),
+        ("models: [{model: a, role: instruct}]\ntasks: [t]\n", "models.0.role: Input should be 'base' or 'post-trained'"),
+        ("models: [a]\ntasks: [t]\ntuning: {steps: 0}\n", "tuning.steps: Input should be greater than 0"),
+        ("models: [a]\ntasks: [t]\nlimt: 5\n", "limt: Extra inputs are not permitted"),
+        ("models: []\ntasks: [t]\n", "models: List should have at least 1 item"),
+        ("models: [a\n", "is not valid YAML"),
+        ("models: [a]\ntasks: [t]\ntuning: {chat: true}\n", "tuning: 'chat' is not a tuning setting here"),
+        ("models: [a]\ntasks: [t]\ntuning: {stepz: 3}\n", "tuning.stepz: Extra inputs are not permitted"),
+        ("models: [a]\ntasks: [t]\nreference: {method: zeroshot}\n", "reference.method: unknown method 'zeroshot'"),
+        ("models: [a]\ntasks: [t]\nreference: {metric: conditional_accuracy}\n", "metric 'conditional_accuracy' cannot be ranked"),
+        ("models: [a]\ntasks: [t]\nresources: {gpus: 1}\n", "unknown resource 'gpus'; use num_cpus, num_gpus, memory"),
+        ("models: [org1/llama, org2/llama]\ntasks: [t]\n", "would share the results folder 'llama'"),
+        ("models: [{model: a, family: f, role: base}, {model: b, family: f, role: base}]\ntasks: [t]\nchat: true\n", "family 'f' has two base models"),
+        ("models: [{model: a, family: f, role: base}]\ntasks: [t]\nchat: true\n", "family 'f' has no post-trained model"),
+        ("models: [{model: a, family: f}]\ntasks: [t]\n", "needs both a family and a role"),
+        ("models: [{model: a, family: f, role: base}, {model: b, family: f, role: post-trained}]\ntasks: [t]\n", "set chat: true"),
+    ],
+)
+def test_study_file_mistakes_are_one_line(tmp_path, text, expected):
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    with pytest.raises(SoftevalError) as error:
+        load_study(path)
+    assert expected in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"study file {path}")
+
+
+def outcomes(out: Path, model: str, cell: str, field: str = "task_correct") -> dict[int, float]:
+    """Per-row outcomes of one cell, read from its samples.jsonl."""
+    lines = (out / model / "capitals" / cell / "samples.jsonl").read_text().splitlines()
+    return {s["index"]: float(s[field]) for s in map(json.loads, lines)}
+
+
+def test_study_runs_ranks_skips_finished_cells_and_adds_commands(tmp_path, family_dirs):
+    out = tmp_path / "out"
+    # knowledge (option log-likelihoods) differs between random models; their task accuracy may not
+    study = write_study(tmp_path, family_dirs, ["zero-shot", "few-shot", "soft-prompt", "lora"], reference={"metric": "knowledge"})
+    first = run("study", study, "--output", out)
+    assert first.exit_code == 0, first.output
+
+    # the grid: base models plain only, post-trained ones with and without the chat template
+    cells = cells_of(out)
+    base, post = [f"{f}-base0" for f in family_dirs], [f"{f}-post-trained0" for f in family_dirs]
+    expected = {(m, "capitals", method) for m in base for method in ("zero-shot", "few-shot", "soft-prompt", "lora")}
+    expected |= {(m, "capitals", method + chat) for m in post for method in ("zero-shot", "few-shot", "soft-prompt", "lora") for chat in ("", "-chat")}
+    assert set(cells) == expected
+    lora_cell = cells[(base[0], "capitals", "lora")]
+    assert lora_cell["tuning"]["trainable_parameters"] > 10 * cells[(base[0], "capitals", "soft-prompt")]["tuning"]["trainable_parameters"]
+    assert (out / base[0] / "capitals" / "adapter" / "adapter_config.json").exists()
+
+    # the ranking equals tau-b computed here from the samples: base scores against post-trained chat zero-shot
+    ranking = json.loads((out / "ranking.json").read_text())
+    assert ranking["families"] == {f: {"base": b, "post-trained": p} for f, b, p in zip(family_dirs, base, post)}
+    reference = [np.mean(list(outcomes(out, p, "zero-shot-chat", "knowledge_correct").values())) for p in post]
+    defined = 0
+    for metric, field in (("knowledge", "knowledge_correct"), ("task_accuracy", "task_correct")):
+        for method in ("zero-shot", "few-shot", "soft-prompt", "lora"):
+            scores = [np.mean(list(outcomes(out, b, method, field).values())) for b in base]
+            tau = ranking["by_metric"][metric]["methods"][method]["tau_b"]["value"]
+            want = kendalltau(scores, reference, variant="b").statistic
+            assert (tau is None and np.isnan(want)) or tau == pytest.approx(want)
+            defined += tau is not None
+    assert defined >= 2  # not a comparison of undefined values only
+    assert "Kendall tau-b" in first.output and (out / "ranking.md").exists()
+
+    # paired differences equal the mean per-row difference
+    comparison = json.loads((out / "comparison.json").read_text())
+    pair = next(p for p in comparison["paired"] if p["model"].endswith(base[1]) and p["method"] == "soft-prompt" and p["baseline"] == "few-shot")
+    for metric, field in (("task_accuracy", "task_correct"), ("knowledge", "knowledge_correct"), ("format_following", "format_ok")):
+        a, b = outcomes(out, base[1], "soft-prompt", field), outcomes(out, base[1], "few-shot", field)
+        assert pair[metric]["value"] == pytest.approx(np.mean([a[i] - b[i] for i in a]))
+    assert pair["n"] == 12 and pair["task_accuracy"]["ci_low"] <= pair["task_accuracy"]["value"] <= pair["task_accuracy"]["ci_high"]
+    assert comparison["soft_prompt_vs_lora"]["n_cells"] == 9
+
+    # a rerun skips every finished cell: nothing is rewritten
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.safetensors")} | {p: p.stat().st_mtime_ns for p in out.rglob("results.json")}
+    again = run("study", study, "--output", out)
+    assert again.exit_code == 0, again.output
+    assert "36 of 36 cells were finished already" in again.output
+    assert all(p.stat().st_mtime_ns == stamp for p, stamp in stamps.items())
+
+    # another command into the same folder adds its cells; --force redoes its own
+    (tmp_path / "more").mkdir()
+    extra = write_user_task(tmp_path / "more", ROWS * 5, name="capitals_again")
+    added = run("eval", "--model", family_dirs["alpha"]["base"], "--task", extra, "--limit", 4, "--output", out)
+    assert added.exit_code == 0, added.output
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert {c["task"] for c in comparison["cells"]} == {"capitals", "capitals_again"} and len(comparison["cells"]) == 37
+    forced = run("eval", "--model", family_dirs["alpha"]["base"], "--task", extra, "--limit", 4, "--output", out, "--force")
+    assert forced.exit_code == 0 and "finished already" not in forced.output
+    # the family and role a study declared survive a later command that declares none
+    assert json.loads((out / "models.json").read_text())[base[0]]["role"] == "base"
+
+
+def test_ranking_needs_three_families(tmp_path, family_dirs):
+    out = tmp_path / "out"
+    two = {f: family_dirs[f] for f in ("alpha", "beta")}
+    study = write_study(tmp_path, two, ["zero-shot"])
+    assert run("study", study, "--output", out).exit_code == 0
+    result = run("rank", out)
+    assert "ranking needs a base and a post-trained model in at least 3 families" in str(result.exception)
+
+
+def test_ray_runs_the_same_cells_as_a_serial_run(tmp_path, family_dirs):
+    pytest.importorskip("ray")
+    two = {"alpha": family_dirs["alpha"]}
+    study = write_study(tmp_path, two, ["zero-shot", "soft-prompt"], chat=False, reference={"chat": False})
+    serial, distributed = tmp_path / "serial", tmp_path / "ray"
+    assert run("study", study, "--output", serial).exit_code == 0
+    result = run("study", study, "--output", distributed, "--ray", "local")
+    assert result.exit_code == 0, result.output
+    here, there = cells_of(serial), cells_of(distributed)
+    assert set(here) == set(there) and len(here) == 4
+    for key in here:
+        assert here[key]["metrics"] == there[key]["metrics"] and here[key]["identity"] == there[key]["identity"]
+    assert json.loads((distributed / "comparison.json").read_text())["cells"]
+    # a rerun on Ray skips every finished cell
+    again = run("study", study, "--output", distributed, "--ray", "local")
+    assert again.exit_code == 0 and "4 of 4 cells were finished already" in again.output
+
+
+# --- what must not happen -------------------------------------------------------------------------
+
+
+def test_a_failed_lora_run_leaves_the_model_as_it_was(tmp_path, tiny_model_dirs, monkeypatch):
+    lm = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    before = _logits(lm)
+    original = Tuner.step
+
+    def failing(self, step):
+        if step == 1:
+            raise SoftevalError("loss became nan at step 1")
+        return original(self, step)
+
+    monkeypatch.setattr(Tuner, "step", failing)
+    with pytest.raises(SoftevalError):
+        tune(lm, _task(tmp_path), TuneConfig(method="lora", steps=3, lr=0.05, val_size=4), output=tmp_path / "a", progress=False)
+    assert torch.equal(_logits(lm), before)
+    assert not any("lora" in name for name, _ in lm.model.named_modules())
+
+
+def test_adapter_weights_that_do_not_fit_are_refused(tmp_path, tiny_llama):
+    from softeval.evaluate import evaluate
+    from softeval.lora import load_adapter
+
+    spec = _task(tmp_path)
+    adapter = tune(tiny_llama, spec, TuneConfig(method="lora", steps=1, val_size=4), output=tmp_path / "a", progress=False)
+    dropped = next(iter(adapter.weights))
+    broken = load_adapter(tmp_path / "a")
+    del broken.weights[dropped]
+    with pytest.raises(SoftevalError, match="LoRA adapter weights do not fit the model .1 missing"):
+        evaluate(tiny_llama, spec, "lora", adapter=broken, limit=2, progress=False)
+    assert not any("lora" in name for name, _ in tiny_llama.model.named_modules())
+
+
+def test_eval_takes_the_chat_mode_of_a_given_prompt(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    model, out = tiny_model_dirs["llama"], tmp_path / "out"
+    tuned = run("tune", "--model", model, "--task", task, "--steps", 1, "--val-size", 4, "--length", 2, "--chat", "--output", tmp_path / "p")
+    assert tuned.exit_code == 0, tuned.output
+    plain = run("eval", "--model", model, "--task", task, "--method", "soft-prompt", "--prompt", tmp_path / "p", "--output", out)
+    assert "was tuned with the chat template; add --chat to evaluate it" in str(plain.exception) and not out.exists()
+    chat = run("eval", "--model", model, "--task", task, "--method", "zero-shot,soft-prompt", "--chat", "--prompt", tmp_path / "p",
+               "--limit", 4, "--output", out)
+    assert chat.exit_code == 0, chat.output
+    assert {p[-1] for p in cells_of(out)} == {"zero-shot", "zero-shot-chat", "soft-prompt-chat"}
+
+
+def test_cells_of_another_task_version_are_not_paired(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 5)
+    model, out = tiny_model_dirs["llama"], tmp_path / "out"
+    assert run("eval", "--model", model, "--task", task, "--output", out).exit_code == 0
+    data = tmp_path / "test.jsonl"
+    data.write_text(data.read_text().replace("Capital of France?", "Capital of Spain?"))  # row 0 is another question now
+    assert run("eval", "--model", model, "--task", task, "--method", "few-shot", "--k", 2, "--output", out).exit_code == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert len(comparison["cells"]) == 2 and comparison["paired"] == []
+    assert run("eval", "--model", model, "--task", task, "--output", out).exit_code == 0  # zero-shot redone on the new data
+    assert [(p["method"], p["baseline"]) for p in json.loads((out / "comparison.json").read_text())["paired"]] == []  # no soft prompt here
+    same = {c["data"]["sha256"] for c in cells_of(out).values()}
+    assert len(same) == 1
+
+
+def test_a_declared_base_model_runs_without_chat(tmp_path, family_dirs):
+    post = family_dirs["alpha"]["post-trained"]  # its tokenizer has a chat template
+    study = tmp_path / "study.yaml"
+    task = write_user_task(tmp_path, ROWS * 5)
+    study.write_text(yaml_dump({
+        "models": [{"model": str(post), "family": "f", "role": "base"}, {"model": str(family_dirs["beta"]["post-trained"]), "family": "f", "role": "post-trained"}],
+        "tasks": [str(task)], "methods": ["zero-shot"], "chat": True, "limit": 4,
+    }))
+    assert run("study", study, "--output", tmp_path / "out").exit_code == 0
+    assert {p[::2] for p in cells_of(tmp_path / "out")} == {(post.name, "zero-shot"), ("beta-post-trained0", "zero-shot"), ("beta-post-trained0", "zero-shot-chat")}
+
+
+def yaml_dump(data) -> str:
+    import yaml
+
+    return yaml.safe_dump(data)
+
+
+def broken_model(tmp_path, tiny_model_dirs) -> Path:
+    """A folder that passes the checks before work (it has a config.json) but cannot load."""
+    import shutil
+
+    folder = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dirs["llama"], folder)
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("ray", [False, True])
+def test_a_failing_unit_is_reported_and_the_others_finish(tmp_path, tiny_model_dirs, ray):
+    if ray:
+        pytest.importorskip("ray")
+    task = write_user_task(tmp_path, ROWS * 5)
+    out = tmp_path / "out"
+    args = ["run", "--model", broken_model(tmp_path, tiny_model_dirs), "--model", tiny_model_dirs["llama"], "--task", task,
+            "--method", "zero-shot", "--limit", 4, "--output", out, *(["--ray", "local"] if ray else [])]
+    result = run(*args)
+    assert isinstance(result.exception, SoftevalError)
+    assert f"{out / 'broken-model' / 'capitals'} failed: cannot load model" in str(result.exception)
+    assert set(cells_of(out)) == {(tiny_model_dirs["llama"].name, "capitals", "zero-shot")}
+    assert json.loads((out / "comparison.json").read_text())["cells"]
+
+
+def test_options_are_named_as_the_user_wrote_them(tmp_path, tiny_model_dirs):
+    result = run("run", "--model", tiny_model_dirs["llama"], "--task", "arc_easy", "--method", "zero-shot,prefix", "--output", tmp_path / "o")
+    assert str(result.exception) == "--method: unknown method 'prefix'; choose from: zero-shot, few-shot, soft-prompt, lora"
+    result = run("rank", tmp_path, "--reference-metric", "acc")
+    assert str(result.exception).startswith("--reference-metric: metric 'acc' cannot be ranked")
+
+
+def test_report_rewrites_the_page_from_the_results_on_disk(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 5)
+    out = tmp_path / "out"
+    assert run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--limit", 4, "--output", out).exit_code == 0
+    page = out / "index.html"
+    written = page.read_text()
+    page.unlink()
+    result = run("report", out)
+    assert result.exit_code == 0 and f"report: {page}" in result.output
+    undated = lambda text: re.sub(r"Written \S+ by", "", text)  # noqa: E731
+    assert undated(page.read_text()) == undated(written)  # the same page, but for the time it was written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no finished cells" in str(run("report", empty).exception)
+    assert "no results folder at" in str(run("report", tmp_path / "missing").exception)
+
+
+def test_ray_alone_means_a_local_cluster():
+    from softeval.cli import with_ray_default
+
+    assert with_ray_default(["study", "s.yaml", "--ray"]) == ["study", "s.yaml", "--ray", "local"]
+    assert with_ray_default(["run", "--ray", "--force"]) == ["run", "--ray", "local", "--force"]
+    assert with_ray_default(["run", "--ray", "ray://head:10001"]) == ["run", "--ray", "ray://head:10001"]
