@@ -34,6 +34,7 @@ import torch
 
 from softeval import load_examples, load_model, load_task
 from softeval.prompts import tuning_target
+from softeval.study import LoraSettings
 from softeval.tune import TuneConfig, Tuner
 
 LORA_DEFAULTS = TuneConfig(method="lora")
@@ -137,7 +138,7 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=LORA_DEFAULTS.lora_rank)
     parser.add_argument("--lora-alpha", type=int, default=LORA_DEFAULTS.lora_alpha)
     parser.add_argument("--lora-targets", default=",".join(LORA_DEFAULTS.lora_targets))
-    parser.add_argument("--lora-lr", type=float, default=1e-3, help="LoRA learning rate (softeval's study default)")
+    parser.add_argument("--lora-lr", type=float, default=LoraSettings().lr, help="LoRA learning rate (softeval's default)")
     parser.add_argument("--seed", type=int, default=0, help="soft-prompt and LoRA init seed")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row before them")

@@ -177,8 +177,11 @@ def metric_chart(task: str, results: list[EvalResult]) -> str:
         ax.set_ylim(0, 100)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("% of rows (95% CI)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(methods), frameon=False)
+    from matplotlib.patches import Patch
+
+    # plain swatches: a hatched first bar would make its method look flagged everywhere
+    handles = [Patch(facecolor=colours[j % len(colours)], label=method) for j, method in enumerate(methods)]
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(methods), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # room for the legend below the charts
     return _svg(fig)
 

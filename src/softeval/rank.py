@@ -87,10 +87,11 @@ def rank_study(folder: Path, reference: Reference | None = None, *, n_resamples:
         "tasks": tasks,
         "by_metric": {},
     }
+    # the rows every ranked cell of a task evaluated: every model and method is scored on them
+    rows = {t: common_rows([cells[(b, t, m, False)] for b in base for m in methods] + [cells[(p, t, *reference_cells[p])] for p in post]) for t in tasks}
+    if any(len(r) < 2 for r in rows.values()):
+        raise SoftevalError("the cells to rank share fewer than 2 evaluated rows of a task; run them with the same --limit and --seed")
     for metric, field in RANKED_METRICS.items():
-        rows = {t: common_rows([cells[(b, t, m, False)] for b in base for m in methods] + [cells[(p, t, *reference_cells[p])] for p in post]) for t in tasks}
-        if any(len(r) < 2 for r in rows.values()):
-            raise SoftevalError("the cells to rank share fewer than 2 evaluated rows of a task; run them with the same --limit and --seed")
         predictors = {m: [outcome_table([cells[(b, t, m, False)] for b in base], rows[t], field) for t in tasks] for m in methods}
         ref = [outcome_table([cells[(p, t, *reference_cells[p])] for p in post], rows[t], RANKED_METRICS[reference.metric]) for t in tasks]
         comparison = compare_predictors(predictors, ref, n_resamples=n_resamples, seed=seed)
