@@ -69,6 +69,20 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
+def read_yaml_mapping(path: Path, what: str, holds: str) -> dict:
+    """A YAML file that must hold a mapping (`what` names the file in errors, `holds` says what
+    the mapping is of); bad syntax or another shape is a one-line error."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(read_utf8(path))
+    except yaml.YAMLError as exc:
+        raise SoftevalError(f"{what} {path} is not valid YAML: {str(exc).splitlines()[0]}; fix its syntax") from exc
+    if not isinstance(raw, dict):
+        raise SoftevalError(f"{what} {path} must be a YAML mapping of {holds}")
+    return raw
+
+
 def read_utf8(path: Path) -> str:
     """A text file's content (a leading byte-order mark dropped); a file that is not UTF-8 is an
     error naming its first bad line."""

@@ -20,8 +20,8 @@ from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS
 from softeval.metrics import ROW_METRICS
-from softeval.report import cell_key, common_rows, finished_cells, outcome_table, tuned_agreement
-from softeval.stats import Estimate, compare_predictors
+from softeval.report import cell_key, common_rows, finished_cells, format_estimate, outcome_table, tuned_agreement
+from softeval.stats import compare_predictors
 from softeval.study import MODELS_FILE, Reference
 
 log = logging.getLogger("softeval")
@@ -102,23 +102,14 @@ def rank_study(folder: Path, reference: Reference | None = None, *, n_resamples:
     return analysis
 
 
-def _estimate(e: dict | Estimate | None, signed: bool = False) -> str:
-    e = e.model_dump() if isinstance(e, Estimate) else e
-    if not e or e["value"] is None:
-        return "n/a"
-    form = "{:+.2f}" if signed else "{:.2f}"
-    ci = f" [{form.format(e['ci_low'])}, {form.format(e['ci_high'])}]" if e["ci_low"] is not None else ""
-    return form.format(e["value"]) + ci
-
-
 def ranking_rows(analysis: dict) -> list[list[str]]:
     """One row per metric and method: tau-b and rho with intervals, and the gap to the best method."""
     lines = []
     for metric, comparison in analysis["by_metric"].items():
         for method, agreement in comparison["methods"].items():
             best = comparison["best"] == method
-            gap = "best" if best else _estimate(comparison["tau_difference"].get(method), signed=True)
-            lines.append([metric, method, _estimate(agreement["tau_b"]), _estimate(agreement["spearman"]), gap])
+            gap = "best" if best else format_estimate(comparison["tau_difference"].get(method), signed=True)
+            lines.append([metric, method, format_estimate(agreement["tau_b"]), format_estimate(agreement["spearman"]), gap])
     return lines
 
 
@@ -155,8 +146,8 @@ def ranking_markdown(analysis: dict) -> str:
     agreement = analysis.get("soft_prompt_vs_lora")
     if agreement:
         lines += [
-            f"Soft prompt vs LoRA task accuracy over {agreement['n_cells']} cells: Pearson r {_estimate(agreement['pearson'])}, "
-            f"Kendall tau-b {_estimate(agreement['tau_b'])}.",
+            f"Soft prompt vs LoRA task accuracy over {agreement['n_cells']} cells: Pearson r {format_estimate(agreement['pearson'])}, "
+            f"Kendall tau-b {format_estimate(agreement['tau_b'])}.",
             "",
         ]
     return "\n".join(lines)

@@ -211,10 +211,13 @@ def comparisons_table(comparisons: list[dict], task: str) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
-def _estimate(e: dict) -> str:
-    if e["value"] is None:
+def format_estimate(e: dict | None, signed: bool = False) -> str:
+    """A statistic with its 95% interval, "n/a" where it is undefined."""
+    if not e or e["value"] is None:
         return "n/a"
-    return f"{e['value']:.2f}" + (f" [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e["ci_low"] is not None else "")
+    form = "{:+.2f}" if signed else "{:.2f}"
+    ci = f" [{form.format(e['ci_low'])}, {form.format(e['ci_high'])}]" if e["ci_low"] is not None else ""
+    return form.format(e["value"]) + ci
 
 
 def cost(result: EvalResult) -> str:
@@ -271,8 +274,8 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         lines += [
             "## Soft prompt vs LoRA",
             "",
-            f"Task accuracy over {agreement['n_cells']} cells: Pearson r {_estimate(agreement['pearson'])}, "
-            f"Kendall tau-b {_estimate(agreement['tau_b'])} (95% intervals resample rows jointly).",
+            f"Task accuracy over {agreement['n_cells']} cells: Pearson r {format_estimate(agreement['pearson'])}, "
+            f"Kendall tau-b {format_estimate(agreement['tau_b'])} (95% intervals resample rows jointly).",
             "",
         ]
     write_text_atomic(folder / "comparison.md", "\n".join(lines) + "\n")

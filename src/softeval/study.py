@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from softeval._io import read_utf8, write_json_atomic
+from softeval._io import read_yaml_mapping, write_json_atomic
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, TUNED, EvalResult, cell_identity, evaluate
 from softeval.lora import WEIGHTS, Adapter, load_adapter
@@ -168,12 +167,7 @@ def load_study(path: str | Path) -> Study:
     path = Path(path)
     if not path.is_file():
         raise SoftevalError(f"study file not found: {path}; give the path of a study YAML")
-    try:
-        raw = yaml.safe_load(read_utf8(path))
-    except yaml.YAMLError as exc:
-        raise SoftevalError(f"study file {path} is not valid YAML: {str(exc).splitlines()[0]}; fix its syntax") from exc
-    if not isinstance(raw, dict):
-        raise SoftevalError(f"study file {path} must be a mapping with models, tasks and methods")
+    raw = read_yaml_mapping(path, "study file", "models, tasks, methods and settings")
     # a model may be given as a bare name: a study without ranking needs no families
     raw["models"] = [{"model": m} if isinstance(m, str) else m for m in raw.get("models") or []]
     try:

@@ -15,12 +15,11 @@ from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
-import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from softeval._io import read_utf8
+from softeval._io import read_yaml_mapping
 from softeval.errors import SoftevalError
 from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format, last_boxed
 
@@ -225,12 +224,7 @@ def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Pat
 def _read_spec(path: Path, seen: tuple[Path, ...]) -> dict:
     """A spec file's mapping, merged over the spec it `include`s (a built-in name or a path
     relative to the file): the including file's keys override, mappings key by key."""
-    try:
-        raw = yaml.safe_load(read_utf8(path))
-    except yaml.YAMLError as exc:
-        raise SoftevalError(f"task spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(raw, dict):
-        raise SoftevalError(f"task spec {path} must be a YAML mapping of task fields")
+    raw = read_yaml_mapping(path, "task spec", "task fields")
     if "include" not in raw:
         return raw
     included = raw.pop("include")
