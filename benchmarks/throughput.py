@@ -6,7 +6,8 @@ In one invocation, for each model and on the same rows of the benchmark mirror:
 2. greedy generation of the same prompt texts on GSM8K (256 new tokens at most) and ARC-Easy
    (letter answers), stopping at each task's stop strings.
 
-It prints wall time for each side and the ratio, checks that the sides agree (identical generations
+softeval batches by its own token and KV-cache budgets (or at most --batch-size rows);
+lm-evaluation-harness runs at --lm-eval-batch-size (16). It prints wall time for each side and the ratio, checks that the sides agree (identical generations
 on >= 99% of rows, every difference at a near-tie: top-2 logit gap under 1e-3 at the first differing
 token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuning step, the achieved
 GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
@@ -18,7 +19,13 @@ and prints the padded prefill positions of fixed-row batches against token-budge
 longer than half the engine's token budget (8192) sits alone in its batch; a shorter cap lets short
 rows join it up to the budget.
 
+The part `protocol` (not run by default) runs the method's protocol for each model through the
+CLI: `softeval run` on the full ARC-Easy test split and 1,000 TriviaQA validation rows with
+zero-shot, few-shot and a soft prompt tuned for 120 steps; it prints the wall time of each stage
+and in total, and the peak resident memory.
+
     python benchmarks/throughput.py --data-dir ../shared/benchmarks [--models ...] [--threads 2]
+    python benchmarks/throughput.py --data-dir ../shared/benchmarks --models smollm2-135m-instruct --parts protocol
     python benchmarks/throughput.py --data-dir ../shared/benchmarks --parts long --long-cap 4608
 """
 
@@ -27,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -272,18 +281,64 @@ def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, fl
     return {"mode": "tuning step", "rows": batch_size, "softeval_s": seconds, "gflops": gflops, "peak_share": gflops / peak}
 
 
+PROTOCOL_METHODS = "zero-shot,few-shot,soft-prompt"
+
+
+def bench_protocol(name: str, data_dir: Path, steps: int, trivia_rows: int, arc_rows: int | None = None) -> dict:
+    """The method's protocol for one model, as a user runs it: `softeval run` on the full ARC-Easy
+    test split and on `trivia_rows` TriviaQA validation rows, zero-shot, few-shot and a soft prompt
+    tuned for `steps` steps per task; wall time per stage (summed over cells, from their records),
+    in total, and the peak resident memory of the runs."""
+    softeval = Path(sys.executable).with_name("softeval")
+    arc_limit = [] if arc_rows is None else ["--limit", str(arc_rows)]  # a smaller run to try the script
+    runs = [["--task", "arc_easy", *arc_limit], ["--task", "triviaqa", "--limit", str(trivia_rows)]]
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        for task in runs:
+            command = [str(softeval), "run", "--model", name, *task, "--method", PROTOCOL_METHODS,
+                       "--steps", str(steps), "--data-dir", str(data_dir), "--output", out]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        wall = time.perf_counter() - start
+        cells = [json.loads(p.read_text()) for p in sorted(Path(out).glob(f"{name}/*/*/results.json"))]
+    stages: dict[str, float] = {}
+    order = {method: n for n, method in enumerate(PROTOCOL_METHODS.split(","))}
+    for cell in sorted(cells, key=lambda c: (c["config"]["task"], order[c["config"]["method"]])):
+        task, method = cell["config"]["task"], cell["config"]["method"]
+        if cell.get("tuning"):
+            stages[f"{task} tune soft prompt"] = cell["tuning"]["tuning_seconds"]
+        for stage in ("generate", "loglikelihood"):
+            if stage in cell["timings_s"]:
+                stages[f"{task} {method} {stage}"] = cell["timings_s"][stage]
+    stages["loading, preflight, reports"] = wall - sum(stages.values())
+    rows = {cell["config"]["task"]: cell["n_examples"] for cell in cells}
+    return {
+        "mode": "full protocol",
+        "rows": rows,
+        "softeval_s": wall,
+        "stages_s": stages,
+        # the largest resident set of any of the runs (Linux reports kilobytes)
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/benchmarks"))
     parser.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
     parser.add_argument("--mc-rows", type=int, default=500)
     parser.add_argument("--gen-rows", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=None, help="softeval's most rows per batch (default: its budgets decide)")
+    parser.add_argument("--lm-eval-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="mc,gen,tune")
     parser.add_argument("--gen-tasks", default="gsm8k,arc_easy")
     parser.add_argument("--long-rows", type=int, default=30)
     parser.add_argument("--long-cap", type=int, default=None, help="tokens of the long prompt (default: the context length)")
+    parser.add_argument("--protocol-steps", type=int, default=120)
+    parser.add_argument("--protocol-trivia-rows", type=int, default=1000)
+    parser.add_argument("--protocol-arc-rows", type=int, default=None, help="default: the full test split")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     parts = set(args.parts.split(","))
@@ -294,7 +349,7 @@ def main() -> None:
     for name in args.models.split(","):
         lm = load_model(name, device="cpu", dtype=torch.float32)
         flops = FlopCounter(lm)
-        hflm = lm_eval_model(prepare_alias(name), args.batch_size) if parts & {"mc", "gen"} else None
+        hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen"} else None
         rows = []
         if "mc" in parts:
             rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak))
@@ -304,7 +359,10 @@ def main() -> None:
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
         if "long" in parts:
-            rows.append(bench_long_prompt(lm, args.data_dir, args.long_rows, args.long_cap, args.batch_size, flops, peak))
+            rows.append(bench_long_prompt(lm, args.data_dir, args.long_rows, args.long_cap, args.batch_size or 16, flops, peak))
+        if "protocol" in parts:
+            del lm  # the runs load the model themselves
+            rows.append(bench_protocol(name, args.data_dir, args.protocol_steps, args.protocol_trivia_rows, args.protocol_arc_rows))
         for row in rows:
             row["model"] = name
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
@@ -319,7 +377,11 @@ def main() -> None:
                     f" | padded prefill positions: fixed rows {padded['fixed_rows']}, token budget {padded['token_budget']},"
                     f" batch size 1 {padded['batch_size_1']}"
                 )
-            line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
+            if "stages_s" in row:
+                line += f" | rows {row['rows']} | peak RSS {row['peak_rss_gb']:.2f} GB"
+                line += "".join(f"\n    {stage:48s} {seconds:8.1f} s" for stage, seconds in row["stages_s"].items())
+            else:
+                line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
             print(line, flush=True)
         report += rows
     print(json.dumps(report, indent=1))

@@ -97,10 +97,12 @@ def test_loglikelihood_matches_full_forward(tiny_lm, prefix):
 
 
 def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
-    """A pool that has decoded a few steps takes in a freshly encoded batch of another width."""
+    """A pool that has decoded a few steps takes in a freshly encoded batch of another width; on
+    the tiny gemma3 the long prompt has outgrown the 32-token sliding window, which the merged
+    cache's masks still keep exact."""
     engine = Engine(tiny_lm, batch_size=2)
     long_prompt, short_prompt = prompt_ids(tiny_lm, TEXTS[3]), prompt_ids(tiny_lm, TEXTS[2])
-    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0].text for p in (long_prompt, short_prompt)]
+    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in (long_prompt, short_prompt)]
 
     def pool_of(index, prompt):
         hidden, mask, positions, cache = engine._prefill([prompt], None)
@@ -108,16 +110,99 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
 
     decoder = _Decoder(engine, ["\x00never"], 6, 2)
     with torch.inference_mode():
-        pool = decoder.step(decoder.step(pool_of(0, long_prompt), lambda n: None), lambda n: None)  # two tokens ahead
-        pool = engine._merge(pool, pool_of(1, short_prompt), 6, decoder, lambda n: None)
-        # the tiny gemma3 has a 32-token window that the long prompt outgrows: padding would take
-        # window slots, so the old pool is finished first; the others join the pool, left-padded
-        merged = engine.window != 32
-        assert pool.rows == ([0, 1] if merged else [1])
-        assert bool(pool.mask[-1, 0] == 0) == merged and (decoder.results[0] is None) == merged
+        pool = engine._merge([pool_of(0, long_prompt)], 6)
+        pool = decoder.step(decoder.step(pool, lambda n: None), lambda n: None)  # two tokens ahead
+        pool = engine._merge([pool, pool_of(1, short_prompt)], 6)
+        assert pool.rows == [0, 1] and bool(pool.mask[1, 0] == 0)  # the short row is left-padded
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
-    assert [c.text for c in decoder.results] == expected
+    assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
+
+
+def _record_pools(monkeypatch) -> list[tuple[int, int, int, int]]:
+    """(rows finished, live rows, slots, KV positions held) at every decode step of any engine."""
+    seen: list[tuple[int, int, int, int]] = []
+    step = _Decoder.step
+
+    def recording(self, pool, advance):
+        room = pool.cache.layers[0].key_room.shape[2]
+        finished = sum(r is not None for r in self.results)
+        seen.append((finished, pool.live, len(pool.rows), len(pool.rows) * room))
+        return step(self, pool, advance)
+
+    monkeypatch.setattr(_Decoder, "step", recording)
+    return seen
+
+
+@pytest.mark.parametrize("stop", [list("aeiou"), ["\x00never"]], ids=["stops", "length"])
+def test_rows_join_as_others_finish_without_changing_outputs(tiny_lm, stop, monkeypatch):
+    """Continuous batching: with a pool of 4 rows, each freed slot is refilled at once, so every
+    decode step runs 4 rows until the queue drains; every row's tokens equal its tokens alone."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 3]
+    alone = [Engine(tiny_lm, batch_size=1).generate([p], stop=stop, max_new_tokens=9)[0] for p in prompts]
+    steps = _record_pools(monkeypatch)
+    pooled = Engine(tiny_lm, batch_size=4).generate(prompts, stop=stop, max_new_tokens=9)
+    assert [(c.text, c.tokens, c.stop_reason) for c in pooled] == [(c.text, c.tokens, c.stop_reason) for c in alone]
+    queued = [live for finished, live, _, _ in steps if finished + live < len(prompts)]
+    assert queued and all(live == 4 for live in queued)
+    if stop != ["\x00never"]:  # rows stopped at different steps, and others took their slots
+        assert len({len(c.tokens) for c in alone}) > 1
+        assert len(steps) < sum(len(c.tokens) for c in alone) / 2
+
+
+def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkeypatch):
+    prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
+    steps = _record_pools(monkeypatch)
+    idle_positions_moved = []
+    step = _Decoder.step
+
+    def checking(self, pool, advance):
+        idle = [slot for slot, row in enumerate(pool.rows) if row is None]
+        before = pool.positions.clone()
+        after = step(self, pool, advance)
+        if after is not None:  # an idle slot's position stays: only live rows advance
+            idle += [slot for slot, row in enumerate(after.rows) if row is None and slot not in idle]
+            idle_positions_moved.append(bool((after.positions[idle] != before[idle]).any()))
+        return after
+
+    monkeypatch.setattr(_Decoder, "step", checking)
+    engine = Engine(tiny_llama, batch_size=8)
+    engine.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
+    alone = [Engine(tiny_llama, batch_size=1).generate([p], stop=["e"], max_new_tokens=8)[0] for p in prompts]
+    completions = engine.generate(prompts, stop=["e"], max_new_tokens=8)
+    assert [c.tokens for c in completions] == [c.tokens for c in alone]
+    assert max(held for *_, held in steps) <= engine.kv_positions
+    assert max(slots for _, _, slots, _ in steps) > 1
+    # once the queue is drained, a pool is never more than half idle
+    drained = [(live, slots) for finished, live, slots, _ in steps if finished + live == len(prompts)]
+    assert drained and all(slots - live <= live for live, slots in drained)
+    assert idle_positions_moved and not any(idle_positions_moved)
+
+
+def test_streamed_text_is_the_decoding_of_all_tokens(tokenizer_dirs):
+    """The incremental text equals a full decode after every token, on random token streams that
+    include byte pieces (characters split across tokens) and special tokens, for both real
+    tokenizers; a stop string ends the stream exactly where a full decode first shows it."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from softeval.engine import _first_stop, _TextStream
+
+    rng = random.Random(0)
+    for folder in tokenizer_dirs.values():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        pieces = tokenizer.encode("Paris\n\nQuestion: 42 café — 東京 😀 x=1.5", add_special_tokens=False)
+        pool = pieces + list(tokenizer.all_special_ids) + [rng.randrange(len(tokenizer)) for _ in range(50)]
+        for _ in range(40):
+            stream = _TextStream(tokenizer, ["\n\n", "Question:"])
+            for _ in range(60):
+                stopped = stream.append(rng.choice(pool))
+                full = tokenizer.decode(stream.tokens, skip_special_tokens=True)
+                assert stream.latest == full
+                assert stopped == (_first_stop(full, ["\n\n", "Question:"]) is not None)
+                if stopped:
+                    break
 
 
 def test_an_option_with_no_tokens_scores_minus_infinity(tiny_llama):
@@ -150,9 +235,22 @@ def test_a_long_row_sits_alone_and_short_rows_fill_batches():
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches = _batches(order, lengths, batch_size=8, token_budget=256)
     assert batches[0] == [20]
-    assert [len(b) for b in batches[1:]] == [8, 8, 8, 5]
+    # the last row of 30 tokens does not pad rows of 12 to its width
+    assert [len(b) for b in batches[1:]] == [8, 1, 8, 8, 4]
     assert [i for batch in batches for i in batch] == order  # consecutive, longest first
     assert all(len(b) * max(lengths[i] for i in b) <= 256 for b in batches)
+
+
+def test_batches_waste_little_on_padding():
+    lengths = list(range(100, 20, -1))
+    batches = _batches(list(range(len(lengths))), lengths, batch_size=1000, token_budget=10**6)
+    for batch in batches:
+        padded, tokens = len(batch) * max(lengths[i] for i in batch), sum(lengths[i] for i in batch)
+        assert padded <= 1.125 * tokens
+    assert len(batches) < 10
+    # positions every row attends to count toward the budget, not toward the padding
+    assert _batches([0, 1, 2, 3], [5, 5, 4, 4], batch_size=8, token_budget=40, cached=5) == [[0, 1, 2, 3]]
+    assert _batches([0, 1, 2, 3], [5, 5, 4, 4], batch_size=8, token_budget=39, cached=5) == [[0, 1, 2], [3]]
 
 
 def test_the_budget_cuts_batches_below_the_batch_size():
@@ -165,8 +263,8 @@ def test_the_soft_prompt_counts_toward_the_budget(tiny_llama):
     hidden = tiny_llama.model.get_input_embeddings().weight.shape[1]
     plain = Engine(tiny_llama, batch_size=8, token_budget=256)
     soft = Engine(tiny_llama, batch_size=8, token_budget=256, soft_prompt=torch.zeros(16, hidden))
-    assert plain._length_buckets([120, 10, 10]) == [[0, 1], [2]]
-    assert soft._length_buckets([120, 10, 10]) == [[0], [1, 2]]
+    assert plain._length_buckets([120, 110, 110]) == [[0, 1], [2]]
+    assert soft._length_buckets([120, 110, 110]) == [[0], [1, 2]]
 
 
 def _long_prompt(lm, n: int = 220) -> list[int]:
@@ -177,12 +275,14 @@ def _long_prompt(lm, n: int = 220) -> list[int]:
 
 
 def _record_forwards(engine: Engine) -> list[int]:
-    """Positions (rows x attended width, cache included) of every forward pass the engine runs."""
+    """Positions (rows x attended width, cache included) of every forward pass the engine runs on
+    more than one new token per row: prefills and option groups (decode steps have a KV budget)."""
     seen: list[int] = []
     forward = engine._forward
 
     def recording(embeds, mask, positions, cache):
-        seen.append(mask.shape[0] * mask.shape[1])
+        if embeds.shape[1] > 1:
+            seen.append(mask.shape[0] * mask.shape[1])
         return forward(embeds, mask, positions, cache)
 
     engine._forward = recording
@@ -213,26 +313,4 @@ def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
     for got, want in zip(scores, expected_scores):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
     assert batched.positions_computed <= 1.2 * alone.positions_computed
-    assert max(forwards) <= 256  # prefills, decode steps and option groups alike
-
-
-def test_a_long_row_finishes_before_short_rows_join_its_pool(tiny_llama):
-    """Short rows do not join a pool holding a long row: their caches would be padded to its width."""
-    engine = Engine(tiny_llama, batch_size=4, token_budget=256)
-    long_prompt = _long_prompt(tiny_llama)
-    shorts = [prompt_ids(tiny_llama, t) for t in TEXTS[:3]]
-    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0].text for p in [long_prompt, *shorts]]
-
-    decoder = _Decoder(engine, ["\x00never"], 6, 4)
-    with torch.inference_mode():
-        hidden, mask, positions, cache = engine._prefill([long_prompt], None)
-        pool = _Pool([0], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
-        pool = decoder.step(pool, lambda n: None)
-        hidden, mask, positions, cache = engine._prefill(shorts, None)
-        arrivals = _Pool([1, 2, 3], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
-        pool = engine._merge(pool, arrivals, 6, decoder, lambda n: None)
-        assert pool.rows == [1, 2, 3] and pool.mask.shape[1] < 64
-        assert decoder.results[0] is not None  # the long row finished first
-        while pool is not None:
-            pool = decoder.step(pool, lambda n: None)
-    assert [c.text for c in decoder.results] == expected
+    assert max(forwards) <= 256  # prefills and option groups alike

@@ -55,7 +55,7 @@ DataDir = Annotated[Path | None, typer.Option(help="Local mirror in hub layout (
 CacheDir = Annotated[Path | None, typer.Option(help="Where converted models live (or $SOFTEVAL_CACHE).")]
 Limit = Annotated[int | None, typer.Option(min=1, help="Evaluate a fixed, seeded subset of N rows.")]
 Shots = Annotated[int, typer.Option(min=1, help="Demonstrations for few-shot.")]
-BatchSize = Annotated[int, typer.Option(min=1, help="Evaluation rows per batch.")]
+BatchSize = Annotated[int | None, typer.Option(min=1, help="The most rows per evaluation batch (default: as many as the token and KV-cache budgets allow).")]
 Steps = Annotated[int, typer.Option(min=1, help="Tuning steps.")]
 
 DEBUG_ENV = "SOFTEVAL_DEBUG"
@@ -195,7 +195,7 @@ def eval_command(
     prompt: Annotated[Path | None, typer.Option(help="Tuned soft prompt (file or tune folder) for --method soft-prompt.")] = None,
     limit: Limit = None,
     seed: int = 0,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = None,
     force: Force = False,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
@@ -232,7 +232,7 @@ def run_command(
     sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick the soft prompt's lr and init from a small grid first.")] = False,
     sweep_steps: Annotated[int, typer.Option(min=1, help="Steps per sweep trial.")] = 40,
     seed: int = 0,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = None,
     force: Force = False,
     ray: Ray = None,
     data_dir: DataDir = None,

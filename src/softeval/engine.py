@@ -9,11 +9,14 @@ otherwise dominate small models.
 from __future__ import annotations
 
 import copy
+import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
@@ -24,6 +27,16 @@ MIN_SHARED_PREFIX = 8
 # Positions (rows x padded width) in one batch: sixteen rows of 512 tokens, while a prompt filling
 # an 8192-token context sits alone rather than padding short rows to its width.
 TOKEN_BUDGET = 8192
+# A batch's padding may cost this share of its real tokens: more, and bigger matrix products no
+# longer pay for the padding computed with them.
+PADDING_SLACK = 0.125
+# Rows decoding together: a decode step reads every weight once, whatever the rows, so more rows
+# share that cost, up to where their KV cache costs more to read than the weights.
+DECODE_ROWS = 128
+# Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token).
+KV_CACHE_BYTES = 2 << 30
+# tokens decoded again as context after the decoding of earlier tokens changed
+RESYNC_CONTEXT = 8
 
 
 @dataclass
@@ -48,10 +61,11 @@ class Engine:
     def __init__(
         self,
         lm: LoadedModel,
-        batch_size: int = 16,
+        batch_size: int | None = None,  # the most rows of a batch; None: as many as the budgets allow
         logits_chunk: int = 256,
         soft_prompt: torch.Tensor | None = None,  # (L, hidden), placed after BOS in every sequence
         token_budget: int = TOKEN_BUDGET,  # rows x padded width (soft prompt included) of a batch
+        kv_cache_bytes: int = KV_CACHE_BYTES,  # the KV cache of the rows decoding together
     ):
         self.lm = lm
         self.soft_prompt = soft_prompt
@@ -61,10 +75,12 @@ class Engine:
         # wrapper; for plain causal LMs both are the model's own config and base model.
         self.text_config = lm.model.config.get_text_config()
         self.decoder = lm.model.get_decoder()  # the text transformer without its LM head
-        self.batch_size = batch_size
         # Padding costs as much as real tokens, and attention grows with the square of the width:
-        # a batch is cut by positions too, so one long row does not make its batch quadratic.
+        # batches are cut by positions, so one long row does not make its batch quadratic.
         self.token_budget = token_budget
+        self.batch_size = batch_size or token_budget  # every row takes at least one position
+        self.decode_rows = batch_size or DECODE_ROWS
+        self.kv_positions = max(1, kv_cache_bytes // _kv_bytes_per_token(self.text_config, lm.model.dtype))
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
         # Sliding-window attention counts cache slots, not positions: padding in the middle of a
@@ -89,46 +105,69 @@ class Engine:
     ) -> list[Completion]:
         """Greedy completions, one per prompt, in the prompts' order.
 
-        Prompts are encoded batch by batch, but decoding runs on a pool: rows still generating
-        when a batch is mostly done join the next batch, so a decode step (bound by reading the
-        weights, whatever the rows) is not spent on a handful of stragglers."""
+        Continuous batching: decoding runs on one pool of rows. Whenever rows that stopped have
+        freed a quarter of its slots, the next prompts (longest first) are encoded together and
+        join it, so each decode step, bound by reading the weights whatever the rows, serves a
+        nearly full pool until the queue drains."""
         decoder = _Decoder(self, stop, max_new_tokens, len(prompts))
         prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
+        queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
-        for batch in self._length_buckets([len(p) for p in prompts]):
-            hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
-            arrivals = _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1))
-            pool = arrivals if pool is None else self._merge(pool, arrivals, max_new_tokens, decoder, advance)
-            while pool is not None and self._more_than_half_full(pool):
-                pool = decoder.step(pool, advance)
-        while pool is not None:
+        while queue or pool is not None:
+            arrivals = self._arrivals(pool, queue, prompts, max_new_tokens)
+            if arrivals:
+                joining = [self._joining(batch, prompts, prefix) for batch in arrivals]
+                pool = self._merge(([] if pool is None else [pool]) + joining, max_new_tokens)
+            elif pool.idle > pool.live:  # no arrivals (the queue is drained or the KV budget is full): drop idle slots
+                pool = self._merge([pool], max_new_tokens)
             pool = decoder.step(pool, advance)
         return decoder.results  # type: ignore[return-value]
 
-    def _more_than_half_full(self, pool: _Pool) -> bool:
-        """Whether the pool still holds more than half a batch, by rows or by positions: only
-        then is a decode step worth spending on it alone."""
-        rows = len(pool.rows)
-        return rows > self.batch_size // 2 or rows * pool.mask.shape[1] > self.token_budget // 2
+    def _arrivals(self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], horizon: int) -> list[list[int]]:
+        """Prefill batches of the prompts that join the pool now, taken from the queue: none until
+        a quarter of the pool's rows are free; then as many as are free, within the KV budget for
+        the merged pool's cache (rows x (widest row + `horizon`))."""
+        if not queue:
+            return []
+        live = 0 if pool is None else pool.live
+        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
+        width = max(len(prompts[queue[0]]) + n_soft, 0 if pool is None else pool.span())  # the queue runs longest first
+        rows = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))  # the pool's size
+        free = rows - live
+        if live and free < max(1, rows // 4):
+            return []
+        widths = {i: len(prompts[i]) + n_soft for i in itertools.islice(queue, free)}
+        arrivals = list(widths)
+        for _ in arrivals:
+            queue.popleft()
+        return _batches(arrivals, widths, free, self.token_budget)
 
-    def _merge(self, pool: _Pool, arrivals: _Pool, horizon: int, decoder: _Decoder, advance: Advance) -> _Pool | None:
-        """One pool of both, their caches left-padded to the same width. The old pool is finished
-        first instead where a sliding window forbids padding in the cache, or where the padded
-        pool would outgrow a batch plus half a batch of stragglers: one long row would otherwise
-        pad every short row's cache to its width."""
-        width = max(pool.mask.shape[1], arrivals.mask.shape[1])
-        outgrows_window = self.window is not None and width + horizon > self.window
-        over_budget = (len(pool.rows) + len(arrivals.rows)) * width > self.token_budget * 3 // 2
-        if outgrows_window or over_budget:
-            while pool is not None:
-                pool = decoder.step(pool, advance)
-            return arrivals
+    def _joining(self, batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None) -> _Pool:
+        """A batch of prompts encoded into a pool of their own, each row with its first token."""
+        hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
+        return _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1))
+
+    def _merge(self, pools: list[_Pool], horizon: int) -> _Pool:
+        """One pool of the live rows of `pools`, their caches left-padded to one width with room
+        for `horizon` more tokens, so decode steps write into place instead of copying the cache."""
+        parts = []
+        for pool in pools:
+            keep = [slot for slot, row in enumerate(pool.rows) if row is not None]
+            start = pool.mask.shape[1] - pool.span()  # columns no live row attends to
+            parts.append((pool, torch.tensor(keep, device=self.device), start))
+        width = max(pool.mask.shape[1] - start for pool, _, start in parts)
+        layers = [
+            _merged_layer([pool.cache.layers[index] for pool, _, _ in parts], parts, width, width + horizon)
+            for index in range(len(pools[0].cache.layers))
+        ]
+        cache = copy.copy(pools[0].cache)
+        cache.layers = layers
         return _Pool(
-            pool.rows + arrivals.rows,
-            _concat_caches([pool.cache, arrivals.cache], [pool.mask.shape[1], arrivals.mask.shape[1]], width),
-            torch.cat([_pad_left(pool.mask, width), _pad_left(arrivals.mask, width)]),
-            torch.cat([pool.positions, arrivals.positions]),
-            torch.cat([pool.next_tokens, arrivals.next_tokens]),
+            [pool.rows[s] for pool, keep, _ in parts for s in keep.tolist()],
+            cache,
+            torch.cat([_pad_left(pool.mask[keep, start:], width) for pool, keep, start in parts]),
+            torch.cat([pool.positions[keep] for pool, keep, _ in parts]),
+            torch.cat([pool.next_tokens[keep] for pool, keep, _ in parts]),
         )
 
     # --- loglikelihood ----------------------------------------------------------------------------
@@ -160,8 +199,8 @@ class Engine:
         # positions are its rows x (context width + option width).
         own_states: dict[int, torch.Tensor] = {}
         by_length = sorted((r for r, o in enumerate(continuations) if len(o) > 1), key=lambda r: len(continuations[r]))
-        widths = [mask.shape[1] + len(o) - 1 for o in continuations]
-        for group in _batches(by_length, widths, self.batch_size, self.token_budget):
+        widths = [len(o) - 1 for o in continuations]
+        for group in _batches(by_length, widths, self.batch_size, self.token_budget, cached=mask.shape[1]):
             width = max(len(continuations[r]) for r in group) - 1
             index = torch.tensor([owner[r] for r in group], device=self.device)
             inputs = torch.zeros(len(group), width, dtype=torch.long)
@@ -306,93 +345,214 @@ class Engine:
 
 @dataclass
 class _Pool:
-    """Rows being decoded together: prompt indices, their cache, mask, last positions and the
-    token each has just chosen."""
+    """Rows being decoded together: the prompt index of each slot (None once its row finished:
+    the slot idles until the pool is next merged), their cache, mask, last positions and the token
+    each has just chosen."""
 
-    rows: list[int]
+    rows: list[int | None]
     cache: DynamicCache
     mask: torch.Tensor
     positions: torch.Tensor  # (rows, 1)
     next_tokens: torch.Tensor  # (rows,)
+
+    @property
+    def live(self) -> int:
+        return sum(row is not None for row in self.rows)
+
+    @property
+    def idle(self) -> int:
+        return len(self.rows) - self.live
+
+    def span(self) -> int:
+        """Columns from the first one a live row attends to: those before it can be dropped."""
+        live = torch.tensor([row is not None for row in self.rows], device=self.mask.device)
+        attended = self.mask[live].any(0).nonzero()
+        return self.mask.shape[1] - int(attended[0]) if len(attended) else 0
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer with room for the tokens still to come: a decode step writes its keys
+    into place, where DynamicLayer concatenates and so copies the whole cache at every step.
+
+    A sliding-window layer keeps every slot too (the mask hides those outside the window), so
+    all layers of a pool share one width and can be merged and trimmed alike."""
+
+    is_croppable = False
+
+    def __init__(self, key_room: torch.Tensor, value_room: torch.Tensor, length: int, is_sliding: bool):
+        super().__init__()
+        self.is_initialized, self.device, self.is_sliding = True, key_room.device, is_sliding
+        self.key_room, self.value_room, self.length = key_room, value_room, length
+        self.keys, self.values = key_room[:, :, :length], value_room[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self.key_room.shape[-2]:  # more tokens than planned for: grow by half again
+            self.key_room = _with_room(self.keys, end + end // 2)
+            self.value_room = _with_room(self.values, end + end // 2)
+        self.key_room[:, :, self.length : end] = key_states
+        self.value_room[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def _unsupported(self, *args, **kwargs):
+        raise NotImplementedError("a decoding pool's cache changes its rows only by merging pools")
+
+    crop = reorder_cache = batch_select_indices = batch_repeat_interleave = _unsupported
+
+
+def _merged_layer(layers: list, parts: list[tuple[_Pool, torch.Tensor, int]], width: int, capacity: int) -> _GrowingLayer:
+    """One layer of a merged pool: for each part, the kept rows of its layer from column `start`
+    on, right-aligned at `width` (zeros to their left), written once into a buffer of `capacity`
+    slots. A sliding-window layer has dropped the slots that fell out of its window: they come
+    back as zeros, which the mask hides."""
+    sample = layers[0].keys
+    rows = sum(len(keep) for _, keep, _ in parts)
+    key_room = sample.new_empty(rows, sample.shape[1], capacity, sample.shape[3])
+    value_room = torch.empty_like(key_room)
+    row = 0
+    for layer, (_, keep, start) in zip(layers, parts):
+        seen = getattr(layer, "cumulative_length", layer.keys.shape[2])
+        kept = min(layer.keys.shape[2], seen - start)  # stored slots from `start` on
+        everyone = len(keep) == layer.keys.shape[0]
+        end = row + len(keep)
+        for room, states in ((key_room, layer.keys), (value_room, layer.values)):
+            states = states[:, :, states.shape[2] - kept :]
+            room[row:end, :, : width - kept] = 0
+            room[row:end, :, width - kept : width] = states if everyone else states[keep]
+        row = end
+    return _GrowingLayer(key_room, value_room, width, any(layer.is_sliding for layer in layers))
+
+
+def _with_room(states: torch.Tensor, capacity: int) -> torch.Tensor:
+    """`states` (batch, heads, slots, dim) copied into a buffer of `capacity` slots."""
+    room = states.new_empty(*states.shape[:2], capacity, states.shape[3])
+    room[:, :, : states.shape[2]] = states
+    return room
 
 
 class _Decoder:
     """Greedy decoding steps over a pool, recording each row's completion when it ends."""
 
     def __init__(self, engine: Engine, stop: Sequence[str], max_new_tokens: int, n: int):
-        self.engine, self.stop, self.max_new_tokens = engine, stop, max_new_tokens
+        self.engine, self.max_new_tokens = engine, max_new_tokens
         self.eos = set(engine.lm.eos_token_ids)
-        self.generated: list[list[int]] = [[] for _ in range(n)]
+        self.texts = [_TextStream(engine.lm.tokenizer, stop) for _ in range(n)]
         self.results: list[Completion | None] = [None] * n
 
     def step(self, pool: _Pool, advance: Advance) -> _Pool | None:
-        """Take each row's chosen token; finished rows leave; the rest advance one token."""
-        decode = self.engine.lm.tokenizer.decode
-        keep = []
-        for slot, i in enumerate(pool.rows):
-            token, generated = int(pool.next_tokens[slot]), self.generated[i]
-            if token in self.eos:
-                text = decode(generated, skip_special_tokens=True)
-                self.results[i] = Completion(text, generated, "eos", raw=text)
+        """Take each live row's chosen token; finished rows free their slot; the pool advances one
+        token (idle slots too, until the next merge drops them)."""
+        finished = 0
+        for slot, (i, token) in enumerate(zip(pool.rows, pool.next_tokens.tolist())):
+            if i is None:
                 continue
-            generated.append(token)
-            text = decode(generated, skip_special_tokens=True)
-            cut = _first_stop(text, self.stop)
-            if cut is not None:
-                self.results[i] = Completion(text[:cut], generated, "stop", raw=text)
-            elif len(generated) == self.max_new_tokens:
-                self.results[i] = Completion(text, generated, "length", raw=text)
-            else:
-                keep.append(slot)
-        advance(len(pool.rows) - len(keep))
-        if not keep:
+            text = self.texts[i]
+            if token in self.eos:
+                self.results[i] = text.completion("eos")
+            elif text.append(token):
+                self.results[i] = text.completion("stop")
+            elif len(text.tokens) >= self.max_new_tokens:
+                self.results[i] = text.completion("length")
+            if self.results[i] is not None:
+                pool.rows[slot] = None
+                finished += 1
+        advance(finished)
+        if not pool.live:
             return None
-        if len(keep) < len(pool.rows):  # finished rows leave the pool and its cache
-            index = torch.tensor(keep, device=self.engine.device)
-            pool.cache.reorder_cache(index)
-            pool = _Pool([pool.rows[s] for s in keep], pool.cache, pool.mask[index], pool.positions[index], pool.next_tokens[index])
+        live = [slot for slot, row in enumerate(pool.rows) if row is not None]
         mask = torch.cat([pool.mask, pool.mask.new_ones(len(pool.rows), 1)], dim=1)
-        positions = pool.positions + 1
+        # idle slots keep their position: rotary scalings that look at the largest position in a
+        # batch must see only live rows'
+        is_live = torch.zeros_like(pool.positions)
+        is_live[live] = 1
+        positions = pool.positions + is_live
         engine = self.engine
         hidden = engine._forward(engine._embed(pool.next_tokens[:, None]), mask, positions, pool.cache)[:, -1]
-        return _Pool(pool.rows, pool.cache, mask, positions, engine.logits(hidden).argmax(-1))
+        # vocabulary logits for live rows only: an idle slot's next token is never read
+        next_tokens = pool.next_tokens.clone()
+        next_tokens[live] = engine.logits(hidden[live]).argmax(-1)
+        return _Pool(pool.rows, pool.cache, mask, positions, next_tokens)
 
 
-def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int) -> list[list[int]]:
-    """`order` cut into consecutive batches of at most `batch_size` rows whose rows x widest row
-    stays within `token_budget`; a row wider than the budget goes alone."""
+class _TextStream:
+    """One row's generated tokens and their text, decoded incrementally: each token decodes a
+    few tokens of context, not the whole completion, and stop strings are looked for only where
+    the new text could complete one.
+
+    The text is the tokenizer's decoding of all tokens so far (checked in the tests); a stop
+    string found in it is confirmed on a full decode, the completion's text always is one."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.longest_stop = max(map(len, self.stop), default=0)
+        self.tokens: list[int] = []
+        self.text = ""
+        # tokens[start:read] decode to the last stable piece of text: context for the next token
+        self.start = self.read = 0
+        self.latest = ""  # the text with the newest tokens, an incomplete character included
+
+    def append(self, token: int) -> bool:
+        """Add a token; whether a stop string now ends the completion."""
+        self.tokens.append(token)
+        decode = self.tokenizer.decode
+        before = decode(self.tokens[self.start : self.read], skip_special_tokens=True)
+        after = decode(self.tokens[self.start :], skip_special_tokens=True)
+        if after.startswith(before):
+            self.latest = self.text + after[len(before) :]
+            look_from = len(self.text) - self.longest_stop + 1
+            # an incomplete UTF-8 sequence decodes to U+FFFD: keep its tokens as context until
+            # the tokens that complete it arrive
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self.text = self.latest
+                self.start, self.read = self.read, len(self.tokens)
+        else:  # the decoding of earlier tokens changed: decode them all once and go on from there
+            self.latest = self.text = decode(self.tokens, skip_special_tokens=True)
+            self.start, self.read = max(0, len(self.tokens) - RESYNC_CONTEXT), len(self.tokens)
+            look_from = 0
+        begins = len(self.latest) - len(self.latest.lstrip())  # stop strings count after it
+        if begins == len(self.latest) or not any(s in self.latest[max(begins, look_from) :] for s in self.stop):
+            return False
+        return _first_stop(self._full_text(), self.stop) is not None
+
+    def _full_text(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+
+    def completion(self, reason: str) -> Completion:
+        text = self._full_text()
+        cut = _first_stop(text, self.stop)  # after eos or at the length limit too, as a safeguard
+        return Completion(text if cut is None else text[:cut], self.tokens, reason, raw=text)
+
+
+def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int, cached: int = 0) -> list[list[int]]:
+    """`order` cut into consecutive batches of at most `batch_size` rows whose rows x (widest row
+    + `cached` positions every row attends to) stays within `token_budget`, and whose padding
+    costs at most PADDING_SLACK of their tokens; a row wider than the budget goes alone."""
     batches: list[list[int]] = []
     batch: list[int] = []
-    widest = 0
+    widest = tokens = 0
     for i in order:
         grown = max(widest, widths[i])
-        if batch and (len(batch) == batch_size or (len(batch) + 1) * grown > token_budget):
+        padded = (len(batch) + 1) * grown
+        over_budget = padded + (len(batch) + 1) * cached > token_budget
+        if batch and (len(batch) == batch_size or over_budget or padded > (1 + PADDING_SLACK) * (tokens + widths[i])):
             batches.append(batch)
-            batch, grown = [], widths[i]
+            batch, grown, tokens = [], widths[i], 0
         batch.append(i)
-        widest = grown
+        widest, tokens = grown, tokens + widths[i]
     if batch:
         batches.append(batch)
     return batches
 
 
-def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
-
-
-def _concat_caches(caches: list[DynamicCache], widths: list[int], width: int) -> DynamicCache:
-    """Caches stacked along the batch, each first left-padded (masked slots) to `width`."""
-    merged = copy.copy(caches[0])
-    merged.layers = []
-    for layers in zip(*(c.layers for c in caches)):
-        layer = copy.copy(layers[0])
-        pad = [(0, 0, width - w, 0) for w in widths]  # pad the sequence dimension on the left
-        layer.keys = torch.cat([torch.nn.functional.pad(l.keys, p) for l, p in zip(layers, pad)])
-        layer.values = torch.cat([torch.nn.functional.pad(l.values, p) for l, p in zip(layers, pad)])
-        if hasattr(layer, "cumulative_length"):
-            layer.cumulative_length = width
-        merged.layers.append(layer)
-    return merged
+def _pad_left(states: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    """`states` left-padded with zeros to `width` along `dim` (a mask's columns, a cache's slots)."""
+    pad = [0, 0] * (states.dim() - 1 - dim) + [width - states.shape[dim], 0]
+    return torch.nn.functional.pad(states, pad)
 
 
 def _select_rows(cache: DynamicCache, index: torch.Tensor) -> DynamicCache:
@@ -404,6 +564,13 @@ def _select_rows(cache: DynamicCache, index: torch.Tensor) -> DynamicCache:
         layer.keys, layer.values = layer.keys[index], layer.values[index]
         selected.layers.append(layer)
     return selected
+
+
+def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes one token takes in the KV cache: keys and values of every layer."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
 def _common_prefix_length(sequences: Sequence[list[int]]) -> int:

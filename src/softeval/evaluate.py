@@ -108,7 +108,7 @@ def evaluate(
     limit: int | None = None,
     seed: int = 0,
     data_dir: str | Path | None = None,
-    batch_size: int = 16,
+    batch_size: int | None = None,  # the most rows of a batch; None: the engine's budgets decide
     progress: bool = True,
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
@@ -121,7 +121,7 @@ def evaluate(
         raise SoftevalError("the lora method needs a tuned LoRA adapter, and only it takes one")
     if chat and not lm.post_trained:
         raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise SoftevalError(f"batch size {batch_size}: use a batch size of at least 1")
     if k < 0:
         raise SoftevalError(f"k {k}: use k of at least 0 demonstrations")

@@ -93,7 +93,7 @@ class Study(BaseModel):
     k: int = Field(5, ge=1)
     limit: int | None = Field(None, ge=1)
     seed: int = 0
-    batch_size: int = Field(16, ge=1)
+    batch_size: int | None = Field(None, ge=1)  # None: batches sized by the engine's budgets
     tuning: TuneConfig = TuneConfig()
     lora: LoraSettings = LoraSettings()
     sweep: bool = False

@@ -99,7 +99,7 @@ class Tuner:
             )
         n_soft = 0 if self.prompt is None else config.length
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
-        self.engine = Engine(lm, batch_size=16, soft_prompt=self.prompt)
+        self.engine = Engine(lm, soft_prompt=self.prompt)
         if config.method == "lora":  # last: once the layers are in the model, nothing else can fail here
             self._lora = lora_applied(lm, lora_config(config.lora_rank, config.lora_alpha, config.lora_targets), seed=config.seed)
             self.peft_model = self._lora.__enter__()
@@ -199,7 +199,7 @@ class Tuner:
 
     def validate(self, bars: Bars | None = None) -> dict:
         bars = bars or Bars(None)
-        engine = Engine(self.lm, batch_size=16, soft_prompt=None if self.prompt is None else self.prompt.detach())
+        engine = Engine(self.lm, soft_prompt=None if self.prompt is None else self.prompt.detach())
         with torch.no_grad():
             samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
