@@ -511,7 +511,7 @@ class _TextStream:
                 self.text = self.latest
                 self.start, self.read = self.read, len(self.tokens)
         else:  # the decoding of earlier tokens changed: decode them all once and go on from there
-            self.latest = self.text = decode(self.tokens, skip_special_tokens=True)
+            self.latest = self.text = self._full_text()
             self.start, self.read = max(0, len(self.tokens) - RESYNC_CONTEXT), len(self.tokens)
             look_from = 0
         begins = len(self.latest) - len(self.latest.lstrip())  # stop strings count after it
