@@ -8,7 +8,9 @@ import pytest
 import torch
 from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
 
+import softeval.engine as engine_module
 from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder, _Pool
+from softeval.errors import SoftevalError
 from softeval.models import load_model
 from softeval.prompts import Cloze
 
@@ -16,7 +18,7 @@ PREFIXES = pytest.mark.parametrize("prefix", ["", SHARED], ids=["distinct", "sha
 
 
 @PREFIXES
-def test_generation_matches_uncached_reference(tiny_lm, prefix):
+def test_generation_matches_uncached_reference(tiny_lm, prefix, loose_padding):
     # batches of 2: rows of the first batch still running are pooled with the second
     engine = Engine(tiny_lm, batch_size=2)
     prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
@@ -29,7 +31,7 @@ def test_generation_matches_uncached_reference(tiny_lm, prefix):
 
 
 @PREFIXES
-def test_generation_is_independent_of_batch(tiny_lm, prefix):
+def test_generation_is_independent_of_batch(tiny_lm, prefix, loose_padding):
     prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     together = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\n"], max_new_tokens=8)
     pooled = Engine(tiny_lm, batch_size=2).generate(prompts, stop=["\n"], max_new_tokens=8)
@@ -82,14 +84,26 @@ def test_stop_strings_apply_after_the_answer_begins():
     assert _first_stop(" 42\n\nQuestion:", ["\n\n", "Question:"]) == 3
 
 
+LONG_OPTION = " no, not at all really, not even a little bit, and certainly never on a Sunday afternoon"
+
+
 def _clozes(lm, prefix: str) -> list[Cloze]:
-    """Contexts with options of zero, one and several tokens; some rows outgrow gemma3's window."""
+    """Contexts with options of zero, one and several tokens. Some rows outgrow gemma3's window;
+    in the last, a long option comes first, so the next one lies past the window in columns
+    but within it in positions, where it would be alone after its context."""
     encode = lm.encode
     return [
         Cloze(prompt_ids(lm, prefix + TEXTS[0]), [encode(" carbon dioxide"), encode(" oxygen"), encode(" x")]),
-        Cloze(prompt_ids(lm, prefix + TEXTS[3]), [encode(" yes"), encode(" no, not at all really, not even a little bit")]),
+        Cloze(prompt_ids(lm, prefix + TEXTS[3]), [encode(" yes"), encode(LONG_OPTION)]),
         Cloze(prompt_ids(lm, prefix + TEXTS[1]), [encode(" Paris"), [], encode(" Paris"), encode(" the city of Lyon")]),
+        Cloze(prompt_ids(lm, prefix + TEXTS[2]), [encode(LONG_OPTION), encode(" four, or so I was told")]),
     ]
+
+
+@pytest.fixture
+def loose_padding(monkeypatch):
+    """Batches that take rows of any width, so the tests' few short rows share padded batches."""
+    monkeypatch.setattr(engine_module, "PADDING_SLACK", 10.0)
 
 
 def _assert_reference_scores(lm, clozes: list[Cloze], got: list[list[float]], soft: torch.Tensor | None = None):
@@ -103,22 +117,31 @@ def _assert_reference_scores(lm, clozes: list[Cloze], got: list[list[float]], so
 
 @PREFIXES
 @pytest.mark.parametrize("with_soft_prompt", [False, True], ids=["plain", "soft-prompt"])
-def test_loglikelihood_matches_full_forward(tiny_lm, prefix, with_soft_prompt):
-    """Options packed after their context under a tree-shaped mask score as each option does
-    alone after its context, in one unpadded forward pass."""
+def test_loglikelihood_matches_full_forward(tiny_lm, prefix, with_soft_prompt, loose_padding):
+    """Options packed after their context under a tree-shaped mask, in left-padded batches of
+    two rows, score as each option does alone after its context in one unpadded forward pass."""
     clozes = _clozes(tiny_lm, prefix)
     soft = torch.randn(3, tiny_lm.model.config.hidden_size, generator=torch.Generator().manual_seed(0)) if with_soft_prompt else None
-    got = Engine(tiny_lm, batch_size=2, logits_chunk=3, soft_prompt=soft).loglikelihood(clozes)
+    batches: list[int] = []
+    got = Engine(tiny_lm, batch_size=2, logits_chunk=3, soft_prompt=soft).loglikelihood(clozes, advance=batches.append)
     _assert_reference_scores(tiny_lm, clozes, got, soft)
+    assert batches == [2, 2]  # rows of different widths, padded together
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_option_scores_hold_under_eager_attention(tiny_model_dirs, arch):
+def test_option_scores_hold_under_eager_attention(tiny_model_dirs, arch, loose_padding):
     """Eager attention adds its mask to the scores: the packed tree mask goes to it as an additive one."""
     lm = load_model(str(tiny_model_dirs[arch]), device="cpu")
     lm.model.set_attn_implementation("eager")
     clozes = _clozes(lm, SHARED)
-    _assert_reference_scores(lm, clozes, Engine(lm).loglikelihood(clozes))
+    _assert_reference_scores(lm, clozes, Engine(lm, batch_size=2).loglikelihood(clozes))
+
+
+def test_an_attention_kernel_that_ignores_custom_masks_is_refused(tiny_model_dirs):
+    lm = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    lm.model.config._attn_implementation_internal = "flash_attention_2"
+    with pytest.raises(SoftevalError, match="attention implementation 'flash_attention_2' is not supported; load the model with 'sdpa' or 'eager'"):
+        Engine(lm)
 
 
 def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):

@@ -10,6 +10,7 @@ from safetensors import safe_open
 from conftest import ROWS, SHARED, TEXTS, prompt_ids, write_user_task
 
 from softeval import SoftevalError, evaluate, load_task
+import softeval.engine as engine_module
 from softeval.engine import Engine
 from softeval.prompts import Cloze, tuning_target
 from softeval.softprompt import SoftPrompt, initial_vectors, load_soft_prompt, save_soft_prompt
@@ -31,11 +32,12 @@ def test_generation_with_soft_prompt_is_independent_of_batch(tiny_lm, prefix):
     assert [c.text for c in plain] != [c.text for c in together]  # the prompt does change the output
 
 
-def test_soft_prompt_sits_after_bos(tiny_lm):
+def test_soft_prompt_sits_after_bos(tiny_lm, monkeypatch):
     """Loglikelihoods equal a single unpadded forward pass over [BOS] + soft + tokens."""
     soft = _soft(tiny_lm)
     context, option = prompt_ids(tiny_lm, TEXTS[0]), tiny_lm.encode(" carbon dioxide")
     short = prompt_ids(tiny_lm, TEXTS[2])  # a shorter row forces padding on the first
+    monkeypatch.setattr(engine_module, "PADDING_SLACK", 10.0)  # which the batch then takes
     got = Engine(tiny_lm, batch_size=2, soft_prompt=soft).loglikelihood([Cloze(context, [option]), Cloze(short, [option])])[0][0]
     embed = tiny_lm.model.get_input_embeddings()
     n_head = 1 if tiny_lm.bos_token_id is not None else 0

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
 
@@ -84,9 +85,17 @@ class Engine:
         self.kv_positions = max(1, kv_cache_bytes // _kv_bytes_per_token(self.text_config, lm.model.dtype))
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
-        # Sliding-window attention counts cache slots, not positions: padding in the middle of a
-        # row (the shared-prefix layout) would take window slots once a row outgrows the window.
+        # In a decoding cache, sliding-window attention counts slots, not positions: padding in the
+        # middle of a row (the shared-prefix layout) would take window slots once a row outgrows
+        # the window. (Option scoring builds its own window mask from positions.)
         self.window = getattr(self.text_config, "sliding_window", None)
+        # Option scoring hands the model a 4D mask of its own; other kernels (flash attention)
+        # would read it as a padding mask and score wrongly.
+        self.attention = self.decoder.config._attn_implementation
+        if self.attention not in ("sdpa", "eager"):
+            raise SoftevalError(
+                f"{lm.name}: attention implementation {self.attention!r} is not supported; load the model with 'sdpa' or 'eager'"
+            )
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         self.softcap = float(softcap) if softcap else None
         # positions run through the transformer and through the LM head, padding included:
@@ -183,7 +192,8 @@ class Engine:
         and no option needs a copy of its cache."""
         results: list[list[float] | None] = [None] * len(clozes)
         tails = [_tail(c) for c in clozes]
-        prefix = self._encode_prefix([c.context_ids for c in clozes], horizon=max(map(len, tails)))
+        # window masks count positions, so only the prefix itself has to fit a window: no horizon
+        prefix = self._encode_prefix([c.context_ids for c in clozes], horizon=0)
         for batch in self._length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
             for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], prefix)):
                 results[i] = scores
@@ -202,8 +212,10 @@ class Engine:
                     rows += [r] * len(option)
                     cols += [context_end, *range(start, start + len(option) - 1)]
                     targets += option
-        index = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-        scores = self._token_logprobs(hidden[index], torch.tensor(targets, device=self.device)).tolist() if targets else []
+        scores = []
+        if targets:
+            picked = hidden[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)]
+            scores = self._token_logprobs(picked, torch.tensor(targets, device=self.device)).tolist()
         grouped, start = [], 0
         for cloze in clozes:
             per_option = []
@@ -217,17 +229,18 @@ class Engine:
     def _packed_inputs(self, clozes: list[Cloze], prefix: SharedPrefix | None):
         """Inputs of a batch of contexts, each followed by its options but their last tokens,
         left-padded: embeddings, the tree-shaped 4D attention mask, position ids and the cache
-        (the shared prefix's, or None), plus each row's column of its context's last token and of
-        each option's first."""
+        (the shared prefix's, or None), plus for each row the column of its context's last token
+        and the column where each option's packed tokens begin (an option of fewer than two
+        tokens has none there)."""
         tails = [_tail(c) for c in clozes]
         if prefix is None:
             embeds, plain_mask, _ = self.inputs([c.context_ids + t for c, t in zip(clozes, tails)])
-            first_position = torch.zeros(len(clozes), dtype=torch.long)
+            first_position = 0
             cache = None
         else:
             ids, plain_mask = self._left_pad([c.context_ids[prefix.length :] + t for c, t in zip(clozes, tails)])
             embeds = self._embed(ids)
-            first_position = (prefix.positions[0, -1] + 1).expand(len(clozes)).cpu()
+            first_position = int(prefix.positions[0, -1]) + 1
             cache = _repeated(prefix.cache, len(clozes))
         width = plain_mask.shape[1]
         own = plain_mask.sum(-1).tolist()  # each row's tokens after the prefix, soft prompt included
@@ -238,45 +251,48 @@ class Engine:
             context = own[r] - len(tail)
             context_end = width - len(tail) - 1
             segment[r, width - own[r] : context_end + 1] = 0
-            positions[r, width - own[r] : context_end + 1] = first_position[r] + torch.arange(context)
+            positions[r, width - own[r] : context_end + 1] = first_position + torch.arange(context)
             starts, column = [], context_end + 1
             for k, option in enumerate(cloze.continuation_ids, start=1):
                 n = max(len(option) - 1, 0)
                 segment[r, column : column + n] = k
-                positions[r, column : column + n] = first_position[r] + context + torch.arange(n)
+                positions[r, column : column + n] = first_position + context + torch.arange(n)
                 starts.append(column)
                 column += n
             columns.append((context_end, starts))
+        segment, positions = segment.to(self.device), positions.to(self.device)
         key_segment, key_positions = segment, positions
         if prefix is not None:
-            prefix_segment = torch.where(prefix.mask[0].cpu() > 0, 0, -1).expand(len(clozes), -1)
+            prefix_segment = torch.where(prefix.mask[0] > 0, 0, -1).expand(len(clozes), -1)
             key_segment = torch.cat([prefix_segment, segment], dim=1)
-            key_positions = torch.cat([prefix.positions.cpu().expand(len(clozes), -1), positions], dim=1)
+            key_positions = torch.cat([prefix.positions.expand(len(clozes), -1), positions], dim=1)
         mask = self._tree_mask(segment, positions, key_segment, key_positions)
-        return embeds, mask, positions.to(self.device), cache, columns
+        return embeds, mask, positions, cache, columns
 
     def _tree_mask(self, segment, positions, key_segment, key_positions):
         """Which keys each query attends to: earlier columns of the context (the shared prefix's
-        included) and of the query's own option; a padding query only itself, so that no softmax
-        row is empty. Window layers also need the key within the window, counted in positions as
-        if the option directly followed the context."""
+        included) and of the query's own option; a padding query only itself (and the prefix),
+        so that no softmax row is empty. Window layers also need the key within the window,
+        counted in positions as if the option directly followed the context."""
         queries, keys = segment.shape[1], key_segment.shape[1]
-        column = torch.arange(keys)[None, :]
-        own_column = torch.arange(queries)[:, None] + keys - queries
+        column = torch.arange(keys, device=self.device)[None, :]
+        own_column = torch.arange(queries, device=self.device)[:, None] + keys - queries
         query_segment, key_segment = segment[:, :, None], key_segment[:, None, :]
         allowed = (column <= own_column) & (key_segment >= 0) & ((key_segment == 0) | (key_segment == query_segment))
-        itself = (query_segment < 0) & (column == own_column)
-        if self.window is None:
-            return self._as_mask(allowed | itself)
-        in_window = (allowed & (positions[:, :, None] - key_positions[:, None, :] < self.window)) | itself
-        if "sliding_attention" not in (getattr(self.text_config, "layer_types", None) or []):
-            return self._as_mask(in_window)  # every layer slides
-        return {"full_attention": self._as_mask(allowed | itself), "sliding_attention": self._as_mask(in_window)}
+        allowed |= (query_segment < 0) & (column == own_column)
+        layer_types = getattr(self.text_config, "layer_types", None)
+        if self.window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+            return self._as_mask(allowed)
+        in_window = allowed & (key_positions[:, None, :] > (positions - self.window)[:, :, None])
+        in_window |= (query_segment < 0) & (column == own_column)
+        if layer_types is None:  # every layer slides
+            return self._as_mask(in_window)
+        return {"full_attention": self._as_mask(allowed), "sliding_attention": self._as_mask(in_window)}
 
     def _as_mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """(rows, 1, queries, keys): boolean for SDPA, additive for implementations that add it."""
-        allowed = allowed[:, None].to(self.device)
-        if self.decoder.config._attn_implementation == "sdpa":
+        """(rows, 1, queries, keys): boolean for SDPA, additive for eager attention."""
+        allowed = allowed[:, None]
+        if self.attention == "sdpa":
             return allowed
         blocked = torch.finfo(self.model.dtype).min
         return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill(~allowed, blocked)
@@ -310,7 +326,7 @@ class Engine:
         """Encode a batch into a KV cache; returns the last hidden state of each row, the attention
         mask, position ids and the cache.
 
-        With a shared prefix, each row starts from a copy of its cache and only the row's own
+        With a shared prefix, each row starts from a view of its cache and only the row's own
         tokens are encoded, left-padded in between, with positions continuing from the prefix."""
         if prefix is None:
             cache = DynamicCache(config=self.text_config)
