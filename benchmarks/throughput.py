@@ -179,14 +179,18 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     differ = [i for i, c in enumerate(completions) if _cut_anywhere(c.raw, spec.stop) != theirs[i]]
     gaps = [first_difference_gap(lm, prompts[i].ids, completions[i], theirs[i]) for i in differ]
     same = 1 - len(differ) / len(completions)
-    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / ours_s / 1e9
+    # draft positions that kept no token, and the logits after rejected drafts, are not counted
+    positions = engine.positions_computed - engine.draft_positions_discarded
+    logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
+    gflops = flops.forward(positions, logit_rows) / ours_s / 1e9
     return {
         "mode": f"generation {task}",
         "rows": rows,
         "softeval_s": ours_s,
         "lm_eval_s": theirs_s,
         "speedup": theirs_s / ours_s,
-        "agreement": f"identical {100 * same:.1f}%, differing rows' top-2 gaps {[round(g, 6) for g in gaps]}",
+        "agreement": f"identical {100 * same:.1f}%, differing rows' top-2 gaps {[round(g, 6) for g in gaps]}"
+        f"; drafts kept {engine.drafts_accepted} of {engine.drafts_proposed}",
         "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps),
         "gflops": gflops,
         "peak_share": gflops / peak,

@@ -57,7 +57,7 @@ def _decode_from(engine, prompt, forced_first: list[int], stop, max_new_tokens):
     when the model itself picks that token."""
     hidden, mask, positions, cache = engine._prefill([prompt], None)
     pool = _Pool([0], cache, mask, positions[:, -1:], torch.tensor(forced_first))
-    decoder = _Decoder(engine, stop, max_new_tokens, 1)
+    decoder = _Decoder(engine, [prompt], stop, max_new_tokens)
     with torch.inference_mode():
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
@@ -156,7 +156,7 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
         hidden, mask, positions, cache = engine._prefill([prompt], None)
         return _Pool([index], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
 
-    decoder = _Decoder(engine, ["\x00never"], 6, 2)
+    decoder = _Decoder(engine, [long_prompt, short_prompt], ["\x00never"], 6)
     with torch.inference_mode():
         pool = engine._merge([pool_of(0, long_prompt)], 6)
         pool = decoder.step(decoder.step(pool, lambda n: None), lambda n: None)  # two tokens ahead
@@ -167,16 +167,85 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
     assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
 
 
+def _oracle_drafts(monkeypatch, lm, prompts: list[list[int]], n: int) -> None:
+    """Drafts taken from each row's true greedy continuation (end of sequence included), with
+    a wrong token halfway into every other draft: the engine must keep exactly the right ones."""
+    truth = {tuple(p): reference_greedy(lm, p, n) for p in prompts}
+
+    def draft(self, completion: list[int], k: int) -> list[int]:
+        tokens = truth[tuple(self.sequence[: self.prompt_length])][len(completion) : len(completion) + k]
+        if len(completion) % 2 and len(tokens) > 1:
+            tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % len(lm.tokenizer)
+        return tokens
+
+    monkeypatch.setattr(engine_module._PromptLookup, "draft", draft)
+
+
+def test_drafted_decoding_keeps_the_greedy_tokens(tiny_lm, monkeypatch):
+    """Once the queue is drained, decode steps also run draft tokens and keep those the model
+    confirms: whichever drafts come, every completion equals uncached greedy decoding, token for
+    token. Here drafts are partly right, so some are kept and some rejected (their masked
+    columns are dropped later); on the tiny gemma3, rows grow past the 32-token sliding window."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS]
+    _oracle_drafts(monkeypatch, tiny_lm, prompts, 24)
+    engine = Engine(tiny_lm)
+    completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=24)
+    expected = []
+    for p in prompts:
+        tokens = reference_greedy(tiny_lm, p, 24)
+        ends = [i for i, t in enumerate(tokens) if t in tiny_lm.eos_token_ids]
+        expected.append(tokens[: ends[0]] if ends else tokens)
+    assert [c.tokens for c in completions] == expected
+    assert 0 < engine.drafts_accepted < engine.drafts_proposed
+
+
+def test_drafts_end_a_completion_where_plain_decoding_ends_it(tiny_llama, monkeypatch):
+    """A stop string, the end of sequence or the token limit inside a run of confirmed drafts
+    ends the completion there, as it does one token at a time."""
+    prompts = [prompt_ids(tiny_llama, t) for t in TEXTS]
+    _oracle_drafts(monkeypatch, tiny_llama, prompts, 24)
+    for stop, limit in ((list("aeiou"), 24), (["\x00never"], 13)):
+        monkeypatch.setattr(engine_module, "DRAFT_POSITIONS", 0)
+        plain = Engine(tiny_llama).generate(prompts, stop=stop, max_new_tokens=limit)
+        monkeypatch.setattr(engine_module, "DRAFT_POSITIONS", 64)
+        engine = Engine(tiny_llama)
+        drafted = engine.generate(prompts, stop=stop, max_new_tokens=limit)
+        assert engine.drafts_accepted > 0
+        assert [(c.text, c.tokens, c.stop_reason) for c in drafted] == [(c.text, c.tokens, c.stop_reason) for c in plain]
+
+
+def test_prompt_lookup_drafts_are_confirmed_on_a_repeating_model(tiny_model_dirs):
+    """The tiny gemma3 repeats itself, as small models do on long generations: drafts looked up
+    in a row's own text are confirmed, and the completions are plain greedy decoding's."""
+    lm = load_model(str(tiny_model_dirs["gemma3-wide"]), device="cpu")
+    prompts = [prompt_ids(lm, t) for t in TEXTS]
+    engine = Engine(lm)
+    completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=40)
+    assert [c.tokens for c in completions] == [reference_greedy(lm, p, 40) for p in prompts]
+    assert engine.drafts_accepted > len(prompts) * 10
+
+
+def test_prompt_lookup_drafts_continue_the_latest_match():
+    from softeval.engine import _PromptLookup
+
+    lookup = _PromptLookup([1, 2, 3, 4])
+    assert lookup.draft([1, 2], 5) == [3, 4, 1, 2, 3]  # after "1 2": "3 4", then the pattern again
+    assert lookup.draft([1, 2, 9], 3) == []  # 9 never came before
+    assert _PromptLookup([5]).draft([5, 5], 4) == [5, 5, 5, 5]
+    # the longest match wins: "2 3" last came before 7, "3" last before 8
+    assert _PromptLookup([2, 3, 7, 3, 8, 2]).draft([3], 2) == [7, 3]
+
+
 def _record_pools(monkeypatch) -> list[tuple[int, int, int, int]]:
     """(rows finished, live rows, slots, KV positions held) at every decode step of any engine."""
     seen: list[tuple[int, int, int, int]] = []
     step = _Decoder.step
 
-    def recording(self, pool, advance):
+    def recording(self, pool, advance, speculate=False):
         room = pool.cache.layers[0].key_room.shape[2]
         finished = sum(r is not None for r in self.results)
         seen.append((finished, pool.live, len(pool.rows), len(pool.rows) * room))
-        return step(self, pool, advance)
+        return step(self, pool, advance, speculate)
 
     monkeypatch.setattr(_Decoder, "step", recording)
     return seen
@@ -204,10 +273,10 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     idle_positions_moved = []
     step = _Decoder.step
 
-    def checking(self, pool, advance):
+    def checking(self, pool, advance, speculate=False):
         idle = [slot for slot, row in enumerate(pool.rows) if row is None]
         before = pool.positions.clone()
-        after = step(self, pool, advance)
+        after = step(self, pool, advance, speculate)
         if after is not None:  # an idle slot's position stays: only live rows advance
             idle += [slot for slot, row in enumerate(after.rows) if row is None and slot not in idle]
             idle_positions_moved.append(bool((after.positions[idle] != before[idle]).any()))

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from softeval.attention import stacked_gqa
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
@@ -37,6 +38,17 @@ PADDING_SLACK = 1 / 32
 DECODE_ROWS = 128
 # Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token).
 KV_CACHE_BYTES = 2 << 30
+# Slots a merged pool's cache reserves for the tokens to come; a pool whose room is full is
+# merged again with new room. Most rows stop long before the token limit, and reserving the
+# whole limit for every row would write (and page in) memory that is never used.
+DECODE_ROOM = 64
+# Speculation once the queue is drained: a decode step also runs draft tokens taken from each
+# row's own text, and greedily keeps those the model itself would have chosen. A step of a
+# few rows is bound by reading the weights, so a few more positions cost little, and the
+# rows still running then (often repeating themselves) take several tokens per step. Drafts
+# are added while rows x (1 + drafts) stays within DRAFT_POSITIONS.
+DRAFT_POSITIONS = 64
+MAX_DRAFT = 15
 # tokens decoded again as context after the decoding of earlier tokens changed
 RESYNC_CONTEXT = 8
 
@@ -89,6 +101,12 @@ class Engine:
         # middle of a row (the shared-prefix layout) would take window slots once a row outgrows
         # the window. (Option scoring builds its own window mask from positions.)
         self.window = getattr(self.text_config, "sliding_window", None)
+        layer_types = getattr(self.text_config, "layer_types", None)
+        # Qwen configs set a window that no layer uses
+        self.slides = self.window is not None and (layer_types is None or "sliding_attention" in layer_types)
+        # Rotary scalings that change with the largest position in a batch would see a draft's
+        # positions before plain decoding reaches them: no drafts for those models.
+        self.speculates = not _rope_depends_on_length(self.text_config)
         # Option scoring hands the model a 4D mask of its own; other kernels (flash attention)
         # would read it as a padding mask and score wrongly.
         self.attention = self.decoder.config._attn_implementation
@@ -102,6 +120,11 @@ class Engine:
         # the work actually done, for throughput figures
         self.positions_computed = 0
         self.logit_rows_computed = 0
+        # draft tokens run through the model, those the model confirmed, and the positions of
+        # draft columns that kept no token (rejected drafts, and the columns of rows with fewer)
+        self.drafts_proposed = 0
+        self.drafts_accepted = 0
+        self.draft_positions_discarded = 0
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -119,24 +142,37 @@ class Engine:
         freed a quarter of its slots, the next prompts (longest first) are encoded together and
         join it, so each decode step, bound by reading the weights whatever the rows, serves a
         nearly full pool until the queue drains."""
-        decoder = _Decoder(self, stop, max_new_tokens, len(prompts))
+        decoder = _Decoder(self, prompts, stop, max_new_tokens)
+        room = min(DECODE_ROOM, max_new_tokens)
         prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
-            arrivals = self._arrivals(pool, queue, prompts, max_new_tokens)
-            if arrivals:
+            arrivals = self._arrivals(pool, queue, prompts, max_new_tokens + room)
+            if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
                 joining = [self._joining(batch, prompts, prefix) for batch in arrivals]
-                pool = self._merge(([] if pool is None else [pool]) + joining, max_new_tokens)
-            elif pool.idle > pool.live:  # no arrivals (the queue is drained or the KV budget is full): drop idle slots
-                pool = self._merge([pool], max_new_tokens)
-            pool = decoder.step(pool, advance)
+                pool = self._merge(([] if pool is None else [pool]) + joining, room)
+            elif pool.idle > pool.live or self._wasteful(pool) or not pool.room():
+                pool = self._merge([pool], room)  # drop idle slots and rejected drafts' columns, make room
+            pool = decoder.step(pool, advance, speculate=self.speculates and not queue)
         return decoder.results  # type: ignore[return-value]
+
+    def _wasteful(self, pool: _Pool) -> bool:
+        """Whether rejected drafts' columns (holes) should be dropped from a pool's cache now:
+        when they are a quarter of what the pool attends to, or before its span passes a
+        sliding window (which the decoding cache counts in columns, holes included)."""
+        if not pool.holes:
+            return False
+        span = pool.span()
+        if self.slides and span + 1 + MAX_DRAFT > self.window:
+            return True
+        return 4 * (span - pool.longest()) > span
 
     def _arrivals(self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], horizon: int) -> list[list[int]]:
         """Prefill batches of the prompts that join the pool now, taken from the queue: none until
         a quarter of the pool's rows are free; then as many as are free, within the KV budget for
-        the merged pool's cache (rows x (widest row + `horizon`))."""
+        the merged pool's cache (rows x (widest row + `horizon`): a row's new tokens and the room
+        reserved after them)."""
         if not queue:
             return []
         live = 0 if pool is None else pool.live
@@ -155,29 +191,29 @@ class Engine:
     def _joining(self, batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None) -> _Pool:
         """A batch of prompts encoded into a pool of their own, each row with its first token."""
         hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
-        return _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1))
+        return _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1), [[] for _ in batch])
 
-    def _merge(self, pools: list[_Pool], horizon: int) -> _Pool:
+    def _merge(self, pools: list[_Pool], room: int) -> _Pool:
         """One pool of the live rows of `pools`, their caches left-padded to one width with room
-        for `horizon` more tokens, so decode steps write into place instead of copying the cache."""
-        parts = []
-        for pool in pools:
-            keep = [slot for slot, row in enumerate(pool.rows) if row is not None]
-            start = pool.mask.shape[1] - pool.span()  # columns no live row attends to
-            parts.append((pool, torch.tensor(keep, device=self.device), start))
-        width = max(pool.mask.shape[1] - start for pool, _, start in parts)
+        for `room` more tokens, so decode steps write into place instead of copying the cache.
+        Each row keeps only the columns it attends to (a pool with holes from rejected drafts
+        is compacted)."""
+        parts = [_MergePart.of(pool, self.device) for pool in pools]
+        width = max(part.mask.shape[1] for part in parts)
         layers = [
-            _merged_layer([pool.cache.layers[index] for pool, _, _ in parts], parts, width, width + horizon)
+            _merged_layer([pool.cache.layers[index] for pool in pools], parts, width, width + room)
             for index in range(len(pools[0].cache.layers))
         ]
         cache = copy.copy(pools[0].cache)
         cache.layers = layers
+        keeps = [part.keep for part in parts]
         return _Pool(
-            [pool.rows[s] for pool, keep, _ in parts for s in keep.tolist()],
+            [pool.rows[s] for pool, keep in zip(pools, keeps) for s in keep.tolist()],
             cache,
-            torch.cat([_pad_left(pool.mask[keep, start:], width) for pool, keep, start in parts]),
-            torch.cat([pool.positions[keep] for pool, keep, _ in parts]),
-            torch.cat([pool.next_tokens[keep] for pool, keep, _ in parts]),
+            torch.cat([_pad_left(part.mask, width) for part in parts]),
+            torch.cat([pool.positions[keep] for pool, keep in zip(pools, keeps)]),
+            torch.cat([pool.next_tokens[keep] for pool, keep in zip(pools, keeps)]),
+            [pool.verified[s] for pool, keep in zip(pools, keeps) for s in keep.tolist()],
         )
 
     # --- loglikelihood ----------------------------------------------------------------------------
@@ -280,11 +316,11 @@ class Engine:
         query_segment, key_segment = segment[:, :, None], key_segment[:, None, :]
         allowed = (column <= own_column) & (key_segment >= 0) & ((key_segment == 0) | (key_segment == query_segment))
         allowed |= (query_segment < 0) & (column == own_column)
-        layer_types = getattr(self.text_config, "layer_types", None)
-        if self.window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        if not self.slides:
             return self._as_mask(allowed)
+        # a padding query's own key passes too: both sit at position 0
         in_window = allowed & (key_positions[:, None, :] > (positions - self.window)[:, :, None])
-        in_window |= (query_segment < 0) & (column == own_column)
+        layer_types = getattr(self.text_config, "layer_types", None)
         if layer_types is None:  # every layer slides
             return self._as_mask(in_window)
         return {"full_attention": self._as_mask(allowed), "sliding_attention": self._as_mask(in_window)}
@@ -384,9 +420,10 @@ class Engine:
 
     def _forward(self, embeds, mask, positions, cache) -> torch.Tensor:
         self.positions_computed += embeds.shape[0] * embeds.shape[1]
-        out = self.decoder(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None
-        )
+        with stacked_gqa(self.decoder.config):
+            out = self.decoder(
+                inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None
+            )
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -409,14 +446,21 @@ class Engine:
 @dataclass
 class _Pool:
     """Rows being decoded together: the prompt index of each slot (None once its row finished:
-    the slot idles until the pool is next merged), their cache, mask, last positions and the token
-    each has just chosen."""
+    the slot idles until the pool is next merged), their cache, mask, last positions, the token
+    each has just chosen and the drafts before it that the model confirmed (in the cache, not
+    yet recorded)."""
 
     rows: list[int | None]
     cache: DynamicCache
     mask: torch.Tensor
     positions: torch.Tensor  # (rows, 1)
     next_tokens: torch.Tensor  # (rows,)
+    verified: list[list[int]] | None = None
+    holes: bool = False  # whether a row attends to fewer columns than it spans (rejected drafts)
+
+    def __post_init__(self):
+        if self.verified is None:
+            self.verified = [[] for _ in self.rows]
 
     @property
     def live(self) -> int:
@@ -426,11 +470,57 @@ class _Pool:
     def idle(self) -> int:
         return len(self.rows) - self.live
 
+    def _live_mask(self) -> torch.Tensor:
+        live = torch.tensor([row is not None for row in self.rows], device=self.mask.device)
+        return self.mask[live]
+
     def span(self) -> int:
         """Columns from the first one a live row attends to: those before it can be dropped."""
-        live = torch.tensor([row is not None for row in self.rows], device=self.mask.device)
-        attended = self.mask[live].any(0).nonzero()
+        attended = self._live_mask().any(0).nonzero()
         return self.mask.shape[1] - int(attended[0]) if len(attended) else 0
+
+    def longest(self) -> int:
+        """The most columns a live row attends to."""
+        return int(self._live_mask().sum(1).max())
+
+    def room(self) -> int:
+        """Columns the cache can still take without growing."""
+        return self.cache.layers[0].key_room.shape[2] - self.mask.shape[1]
+
+
+@dataclass
+class _MergePart:
+    """What a pool brings to a merge: its live slots and, right-aligned, the columns each keeps
+    and their mask. A pool without holes keeps the same columns for every row, from `start`."""
+
+    keep: torch.Tensor  # slots of the live rows
+    mask: torch.Tensor  # (live rows, columns kept)
+    start: int
+    order: torch.Tensor | None  # with holes: for each row, the columns it keeps, in order
+
+    @classmethod
+    def of(cls, pool: _Pool, device: torch.device) -> _MergePart:
+        keep = torch.tensor([slot for slot, row in enumerate(pool.rows) if row is not None], device=device)
+        if not pool.holes:
+            start = pool.mask.shape[1] - pool.span()
+            return cls(keep, pool.mask[keep, start:], start, None)
+        # a stable sort puts each row's unattended columns first, then the attended ones in order
+        mask, order = torch.sort(pool.mask[keep], dim=1, stable=True)
+        kept = pool.longest()
+        return cls(keep, mask[:, mask.shape[1] - kept :], 0, order[:, order.shape[1] - kept :])
+
+    def states(self, layer, states: torch.Tensor) -> torch.Tensor:
+        """The kept rows' kept slots of a cache layer's keys or values (batch, heads, slots, dim).
+        A sliding-window layer of a freshly encoded batch has dropped the slots that fell out of
+        its window: fewer slots than columns come back, and the merge fills the rest with zeros,
+        which the mask hides."""
+        if self.order is not None:  # a decoding pool's layer: one slot per column
+            index = self.order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+            return states[self.keep].gather(2, index)
+        seen = getattr(layer, "cumulative_length", states.shape[2])
+        kept = min(states.shape[2], seen - self.start)  # stored slots from `start` on
+        states = states[:, :, states.shape[2] - kept :]
+        return states if len(self.keep) == states.shape[0] else states[self.keep]
 
 
 class _GrowingLayer(DynamicLayer):
@@ -468,25 +558,20 @@ class _GrowingLayer(DynamicLayer):
     crop = reorder_cache = batch_select_indices = batch_repeat_interleave = _unsupported
 
 
-def _merged_layer(layers: list, parts: list[tuple[_Pool, torch.Tensor, int]], width: int, capacity: int) -> _GrowingLayer:
-    """One layer of a merged pool: for each part, the kept rows of its layer from column `start`
-    on, right-aligned at `width` (zeros to their left), written once into a buffer of `capacity`
-    slots. A sliding-window layer has dropped the slots that fell out of its window: they come
-    back as zeros, which the mask hides."""
+def _merged_layer(layers: list, parts: list[_MergePart], width: int, capacity: int) -> _GrowingLayer:
+    """One layer of a merged pool: each part's kept rows and columns, right-aligned at `width`
+    (zeros to their left), written once into a buffer of `capacity` slots."""
     sample = layers[0].keys
-    rows = sum(len(keep) for _, keep, _ in parts)
+    rows = sum(len(part.keep) for part in parts)
     key_room = sample.new_empty(rows, sample.shape[1], capacity, sample.shape[3])
     value_room = torch.empty_like(key_room)
     row = 0
-    for layer, (_, keep, start) in zip(layers, parts):
-        seen = getattr(layer, "cumulative_length", layer.keys.shape[2])
-        kept = min(layer.keys.shape[2], seen - start)  # stored slots from `start` on
-        everyone = len(keep) == layer.keys.shape[0]
-        end = row + len(keep)
+    for layer, part in zip(layers, parts):
+        end = row + len(part.keep)
         for room, states in ((key_room, layer.keys), (value_room, layer.values)):
-            states = states[:, :, states.shape[2] - kept :]
-            room[row:end, :, : width - kept] = 0
-            room[row:end, :, width - kept : width] = states if everyone else states[keep]
+            states = part.states(layer, states)
+            room[row:end, :, : width - states.shape[2]] = 0
+            room[row:end, :, width - states.shape[2] : width] = states
         row = end
     return _GrowingLayer(key_room, value_room, width, any(layer.is_sliding for layer in layers))
 
@@ -501,20 +586,31 @@ def _with_room(states: torch.Tensor, capacity: int) -> torch.Tensor:
 class _Decoder:
     """Greedy decoding steps over a pool, recording each row's completion when it ends."""
 
-    def __init__(self, engine: Engine, stop: Sequence[str], max_new_tokens: int, n: int):
-        self.engine, self.max_new_tokens = engine, max_new_tokens
+    def __init__(self, engine: Engine, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int):
+        self.engine, self.prompts, self.max_new_tokens = engine, prompts, max_new_tokens
         self.eos = set(engine.lm.eos_token_ids)
-        self.texts = [_TextStream(engine.lm.tokenizer, stop) for _ in range(n)]
-        self.results: list[Completion | None] = [None] * n
+        self.texts = [_TextStream(engine.lm.tokenizer, stop) for _ in prompts]
+        self.lookups: dict[int, _PromptLookup] = {}  # rows that have drafted
+        self.results: list[Completion | None] = [None] * len(prompts)
 
-    def step(self, pool: _Pool, advance: Advance) -> _Pool | None:
-        """Take each live row's chosen token; finished rows free their slot; the pool advances one
-        token (idle slots too, until the next merge drops them)."""
+    def step(self, pool: _Pool, advance: Advance, speculate: bool = False) -> _Pool | None:
+        """Record each live row's confirmed drafts and chosen token; finished rows free their
+        slot; the pool advances by one token, and by the drafts the model confirms when
+        `speculate` (idle slots advance too, until the next merge drops them)."""
         finished = 0
         for slot, (i, token) in enumerate(zip(pool.rows, pool.next_tokens.tolist())):
-            if i is None:
-                continue
-            text = self.texts[i]
+            if i is not None and self._record(i, pool.verified[slot] + [token]):
+                pool.rows[slot] = None
+                finished += 1
+        advance(finished)
+        if not pool.live:
+            return None
+        return self._advance(pool, self._drafts(pool) if speculate else [[] for _ in pool.rows])
+
+    def _record(self, i: int, tokens: list[int]) -> bool:
+        """Add tokens to row i's completion until it ends; whether it has."""
+        text = self.texts[i]
+        for token in tokens:
             if token in self.eos:
                 self.results[i] = text.completion("eos")
             elif text.append(token):
@@ -522,24 +618,101 @@ class _Decoder:
             elif len(text.tokens) >= self.max_new_tokens:
                 self.results[i] = text.completion("length")
             if self.results[i] is not None:
-                pool.rows[slot] = None
-                finished += 1
-        advance(finished)
-        if not pool.live:
-            return None
+                return True
+        return False
+
+    def _drafts(self, pool: _Pool) -> list[list[int]]:
+        """Each slot's draft tokens: as many as the step's position budget and the cache's room
+        allow (and, for a sliding-window model, as keep every row's span within the window),
+        never past the token limit."""
+        engine = self.engine
+        budget = min(MAX_DRAFT, DRAFT_POSITIONS // len(pool.rows) - 1, pool.room() - 1)
+        if engine.slides:
+            budget = min(budget, engine.window - pool.span() - 1)
+        drafts = []
+        for i in pool.rows:
+            room = 0 if i is None else min(budget, self.max_new_tokens - len(self.texts[i].tokens) - 1)
+            if room <= 0:
+                drafts.append([])
+                continue
+            lookup = self.lookups.setdefault(i, _PromptLookup(self.prompts[i]))
+            drafts.append(lookup.draft(self.texts[i].tokens, room))
+        return drafts
+
+    def _advance(self, pool: _Pool, drafts: list[list[int]]) -> _Pool:
+        """One forward pass over each row's chosen token followed by its drafts (a row with
+        fewer drafts than others repeats its token in masked columns). A row keeps its drafts
+        up to the first the model would not have chosen; its next token is the model's choice
+        after the last one kept. Rejected drafts' columns stay in the cache, masked."""
+        engine = self.engine
+        rows, width, new = len(pool.rows), pool.mask.shape[1], 1 + max(map(len, drafts))
         live = [slot for slot, row in enumerate(pool.rows) if row is not None]
-        mask = torch.cat([pool.mask, pool.mask.new_ones(len(pool.rows), 1)], dim=1)
-        # idle slots keep their position: rotary scalings that look at the largest position in a
-        # batch must see only live rows'
+        ids = pool.next_tokens[:, None].repeat(1, new)
+        fed = torch.zeros(rows, new, dtype=pool.mask.dtype)
+        fed[:, 0] = 1
+        for slot, draft in enumerate(drafts):
+            ids[slot, 1 : 1 + len(draft)] = torch.tensor(draft, dtype=ids.dtype)
+            fed[slot, 1 : 1 + len(draft)] = 1
+        mask = torch.cat([pool.mask, fed.to(pool.mask.device)], dim=1)
+        # idle slots keep their position: rotary scalings that look at the largest position in
+        # a batch must see only live rows'
         is_live = torch.zeros_like(pool.positions)
         is_live[live] = 1
-        positions = pool.positions + is_live
-        engine = self.engine
-        hidden = engine._forward(engine._embed(pool.next_tokens[:, None]), mask, positions, pool.cache)[:, -1]
-        # vocabulary logits for live rows only: an idle slot's next token is never read
-        next_tokens = pool.next_tokens.clone()
-        next_tokens[live] = engine.logits(hidden[live]).argmax(-1)
-        return _Pool(pool.rows, pool.cache, mask, positions, next_tokens)
+        positions = pool.positions + is_live * torch.arange(1, new + 1, device=pool.positions.device)
+        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache)
+        # vocabulary logits only where a live row chooses a token: after its token and each draft
+        picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
+        slots, columns = (torch.tensor(index, device=engine.device) for index in zip(*picks))
+        chosen = iter(engine.logits(hidden[slots, columns]).argmax(-1).tolist())
+        next_tokens, verified, last = pool.next_tokens.clone(), [[] for _ in pool.rows], pool.positions.clone()
+        holes = pool.holes
+        engine.draft_positions_discarded += rows * (new - 1)
+        for slot in live:
+            draft = drafts[slot]
+            choices = [next(chosen) for _ in range(1 + len(draft))]
+            kept = 0
+            while kept < len(draft) and draft[kept] == choices[kept]:
+                kept += 1
+            verified[slot], next_tokens[slot] = draft[:kept], choices[kept]
+            engine.drafts_proposed += len(draft)
+            engine.drafts_accepted += kept
+            engine.draft_positions_discarded -= kept
+            last[slot] += 1 + kept
+            if 1 + kept < new:
+                mask[slot, width + 1 + kept :] = 0
+                holes = True
+        return _Pool(pool.rows, pool.cache, mask, last, next_tokens, verified, holes)
+
+
+class _PromptLookup:
+    """Draft tokens for one row from its own prompt and completion (prompt lookup decoding):
+    the tokens that followed the latest earlier occurrence of its last three tokens (else two,
+    else one), repeated as a pattern where they run into the present."""
+
+    SIZES = (3, 2, 1)
+
+    def __init__(self, prompt: list[int]):
+        self.sequence, self.prompt_length = list(prompt), len(prompt)
+        self.after: dict[tuple[int, ...], int] = {}  # n-gram -> index after its latest occurrence
+        self.indexed = 0  # the n-grams ending before this index are in `after`
+
+    def draft(self, completion: list[int], k: int) -> list[int]:
+        sequence = self.sequence
+        sequence.extend(completion[len(sequence) - self.prompt_length :])
+        # every n-gram but the last: the last is what is looked up
+        for end in range(self.indexed, len(sequence) - 1):
+            for n in self.SIZES:
+                if end + 1 >= n:
+                    self.after[tuple(sequence[end + 1 - n : end + 1])] = end + 1
+        self.indexed = max(self.indexed, len(sequence) - 1)
+        for n in self.SIZES:
+            start = self.after.get(tuple(sequence[-n:])) if len(sequence) > n else None
+            if start is not None:
+                draft: list[int] = []
+                for j in range(start, start + k):
+                    draft.append(sequence[j] if j < len(sequence) else draft[j - len(sequence)])
+                return draft
+        return []
 
 
 class _TextStream:
@@ -634,6 +807,14 @@ def _repeated(cache: DynamicCache, rows: int) -> DynamicCache:
         layer.keys, layer.values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
         repeated.layers.append(layer)
     return repeated
+
+
+def _rope_depends_on_length(config) -> bool:
+    """Whether the rotary embedding is rescaled by the largest position in a batch (dynamic
+    NTK scaling, LongRoPE)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = [params] if "rope_type" in params else [p for p in params.values() if isinstance(p, dict)]
+    return any(kind.get("rope_type") in ("dynamic", "longrope") for kind in kinds)
 
 
 def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
