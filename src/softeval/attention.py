@@ -32,10 +32,10 @@ def stacked_gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     batch, heads, queries, dim = query.shape
     # query head h uses key/value head h // groups: heads of a group are adjacent
     stacked = query.reshape(batch, heads // groups, groups * queries, dim)
-    mask = attention_mask[:, :, None].expand(-1, -1, groups, -1, -1)
+    mask = attention_mask.expand(-1, -1, queries, -1)[:, :, None].expand(-1, -1, groups, -1, -1)
     mask = mask.reshape(attention_mask.shape[0], 1, groups * queries, attention_mask.shape[-1])
     out = torch.nn.functional.scaled_dot_product_attention(stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(NAME, stacked_gqa_sdpa)

@@ -141,7 +141,8 @@ class Engine:
         Continuous batching: decoding runs on one pool of rows. Whenever rows that stopped have
         freed a quarter of its slots, the next prompts (longest first) are encoded together and
         join it, so each decode step, bound by reading the weights whatever the rows, serves a
-        nearly full pool until the queue drains."""
+        nearly full pool until the queue drains. From then on, steps also verify draft tokens
+        (see `_Decoder`), which take the last rows several tokens a step."""
         decoder = _Decoder(self, prompts, stop, max_new_tokens)
         room = min(DECODE_ROOM, max_new_tokens)
         prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
@@ -149,12 +150,15 @@ class Engine:
         pool: _Pool | None = None
         while queue or pool is not None:
             arrivals = self._arrivals(pool, queue, prompts, max_new_tokens + room)
+            speculate = self.speculates and not queue
+            # a step takes one column, or with drafts up to 1 + MAX_DRAFT (a smaller room caps them)
+            needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
             if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
                 joining = [self._joining(batch, prompts, prefix) for batch in arrivals]
                 pool = self._merge(([] if pool is None else [pool]) + joining, room)
-            elif pool.idle > pool.live or self._wasteful(pool) or not pool.room():
+            elif pool.idle > pool.live or self._wasteful(pool) or pool.room() < needed:
                 pool = self._merge([pool], room)  # drop idle slots and rejected drafts' columns, make room
-            pool = decoder.step(pool, advance, speculate=self.speculates and not queue)
+            pool = decoder.step(pool, advance, speculate=speculate)
         return decoder.results  # type: ignore[return-value]
 
     def _wasteful(self, pool: _Pool) -> bool:
@@ -231,13 +235,13 @@ class Engine:
         # window masks count positions, so only the prefix itself has to fit a window: no horizon
         prefix = self._encode_prefix([c.context_ids for c in clozes], horizon=0)
         for batch in self._length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
-            for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], prefix)):
+            for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], [tails[i] for i in batch], prefix)):
                 results[i] = scores
             advance(len(batch))
         return results  # type: ignore[return-value]
 
-    def _loglikelihood_batch(self, clozes: list[Cloze], prefix: SharedPrefix | None) -> list[list[float]]:
-        embeds, mask, positions, cache, columns = self._packed_inputs(clozes, prefix)
+    def _loglikelihood_batch(self, clozes: list[Cloze], tails: list[list[int]], prefix: SharedPrefix | None) -> list[list[float]]:
+        embeds, mask, positions, cache, columns = self._packed_inputs(clozes, tails, prefix)
         hidden = self._forward(embeds, mask, positions, cache)
         # Each option token is predicted by the state before it: the context's last state for its
         # first token, the option's own states after that.
@@ -262,13 +266,12 @@ class Engine:
             grouped.append(per_option)
         return grouped
 
-    def _packed_inputs(self, clozes: list[Cloze], prefix: SharedPrefix | None):
+    def _packed_inputs(self, clozes: list[Cloze], tails: list[list[int]], prefix: SharedPrefix | None):
         """Inputs of a batch of contexts, each followed by its options but their last tokens,
-        left-padded: embeddings, the tree-shaped 4D attention mask, position ids and the cache
-        (the shared prefix's, or None), plus for each row the column of its context's last token
-        and the column where each option's packed tokens begin (an option of fewer than two
-        tokens has none there)."""
-        tails = [_tail(c) for c in clozes]
+        left-padded (`tails`: what follows each context, see `_tail`): embeddings, the
+        tree-shaped 4D attention mask, position ids and the cache (the shared prefix's, or None),
+        plus for each row the column of its context's last token and the column where each
+        option's packed tokens begin (an option of fewer than two tokens has none there)."""
         if prefix is None:
             embeds, plain_mask, _ = self.inputs([c.context_ids + t for c, t in zip(clozes, tails)])
             first_position = 0
@@ -631,12 +634,12 @@ class _Decoder:
             budget = min(budget, engine.window - pool.span() - 1)
         drafts = []
         for i in pool.rows:
-            room = 0 if i is None else min(budget, self.max_new_tokens - len(self.texts[i].tokens) - 1)
-            if room <= 0:
+            allowed = 0 if i is None else min(budget, self.max_new_tokens - len(self.texts[i].tokens) - 1)
+            if allowed <= 0:
                 drafts.append([])
                 continue
             lookup = self.lookups.setdefault(i, _PromptLookup(self.prompts[i]))
-            drafts.append(lookup.draft(self.texts[i].tokens, room))
+            drafts.append(lookup.draft(self.texts[i].tokens, allowed))
         return drafts
 
     def _advance(self, pool: _Pool, drafts: list[list[int]]) -> _Pool:
@@ -654,11 +657,11 @@ class _Decoder:
             ids[slot, 1 : 1 + len(draft)] = torch.tensor(draft, dtype=ids.dtype)
             fed[slot, 1 : 1 + len(draft)] = 1
         mask = torch.cat([pool.mask, fed.to(pool.mask.device)], dim=1)
-        # idle slots keep their position: rotary scalings that look at the largest position in
-        # a batch must see only live rows'
+        # a row's unused draft columns repeat its last real position; idle slots keep theirs:
+        # rotary scalings that look at the largest position in a batch must see only live rows'
         is_live = torch.zeros_like(pool.positions)
         is_live[live] = 1
-        positions = pool.positions + is_live * torch.arange(1, new + 1, device=pool.positions.device)
+        positions = pool.positions + is_live * fed.to(pool.positions.device).cumsum(1)
         hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache)
         # vocabulary logits only where a live row chooses a token: after its token and each draft
         picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
@@ -764,18 +767,18 @@ class _TextStream:
         return Completion(text if cut is None else text[:cut], self.tokens, reason, raw=text)
 
 
-def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int, cached: int = 0) -> list[list[int]]:
-    """`order` cut into consecutive batches of at most `batch_size` rows whose rows x (widest row
-    + `cached` positions every row attends to) stays within `token_budget`, and whose padding
-    costs at most PADDING_SLACK of their tokens; a row wider than the budget goes alone."""
+def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int) -> list[list[int]]:
+    """`order` cut into consecutive batches of at most `batch_size` rows whose rows x widest row
+    stays within `token_budget`, and whose padding costs at most PADDING_SLACK of their tokens;
+    a row wider than the budget goes alone."""
     batches: list[list[int]] = []
     batch: list[int] = []
     widest = tokens = 0
     for i in order:
         grown = max(widest, widths[i])
         padded = (len(batch) + 1) * grown
-        over_budget = padded + (len(batch) + 1) * cached > token_budget
-        if batch and (len(batch) == batch_size or over_budget or padded > (1 + PADDING_SLACK) * (tokens + widths[i])):
+        too_wide = padded > token_budget or padded > (1 + PADDING_SLACK) * (tokens + widths[i])
+        if batch and (len(batch) == batch_size or too_wide):
             batches.append(batch)
             batch, grown, tokens = [], widths[i], 0
         batch.append(i)
