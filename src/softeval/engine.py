@@ -101,9 +101,9 @@ class Engine:
         # middle of a row (the shared-prefix layout) would take window slots once a row outgrows
         # the window. (Option scoring builds its own window mask from positions.)
         self.window = getattr(self.text_config, "sliding_window", None)
-        layer_types = getattr(self.text_config, "layer_types", None)
+        self.layer_types = getattr(self.text_config, "layer_types", None)  # None: every layer alike
         # Qwen configs set a window that no layer uses
-        self.slides = self.window is not None and (layer_types is None or "sliding_attention" in layer_types)
+        self.slides = self.window is not None and (self.layer_types is None or "sliding_attention" in self.layer_types)
         # Rotary scalings that change with the largest position in a batch would see a draft's
         # positions before plain decoding reaches them: no drafts for those models.
         self.speculates = not _rope_depends_on_length(self.text_config)
@@ -323,8 +323,7 @@ class Engine:
             return self._as_mask(allowed)
         # a padding query's own key passes too: both sit at position 0
         in_window = allowed & (key_positions[:, None, :] > (positions - self.window)[:, :, None])
-        layer_types = getattr(self.text_config, "layer_types", None)
-        if layer_types is None:  # every layer slides
+        if self.layer_types is None:  # every layer slides
             return self._as_mask(in_window)
         return {"full_attention": self._as_mask(allowed), "sliding_attention": self._as_mask(in_window)}
 
@@ -638,8 +637,9 @@ class _Decoder:
             if allowed <= 0:
                 drafts.append([])
                 continue
-            lookup = self.lookups.setdefault(i, _PromptLookup(self.prompts[i]))
-            drafts.append(lookup.draft(self.texts[i].tokens, allowed))
+            if i not in self.lookups:
+                self.lookups[i] = _PromptLookup(self.prompts[i])
+            drafts.append(self.lookups[i].draft(self.texts[i].tokens, allowed))
         return drafts
 
     def _advance(self, pool: _Pool, drafts: list[list[int]]) -> _Pool:
