@@ -21,6 +21,7 @@ from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
 from softeval.errors import SoftevalError
+from softeval.memory import keep_freed_memory
 from softeval.progress import console
 
 CACHE_ENV = "SOFTEVAL_CACHE"
@@ -182,6 +183,8 @@ def load_model(
         hint = "check the hub id and your network, or give a local folder" if "hub_id" in source else "check the file"
         raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
     model.to(device).eval().requires_grad_(False)
+    if device == "cpu":
+        keep_freed_memory()  # every batch reuses the blocks the last one freed (see softeval.memory)
     return _describe(spec, model, tokenizer, source, post_trained_hint)
 
 
