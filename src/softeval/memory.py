@@ -1,61 +1,74 @@
 """Keep freed memory in the process when models run on the CPU.
 
-glibc's malloc serves blocks above its mmap threshold (128 KiB, rising to at most 32 MiB as
-such blocks are freed) straight from the operating system and hands them back when they are
-freed; it also trims the top of its heap. A freed block's pages are then gone, and the next
-block of that size starts as fresh pages, each zeroed by the kernel on first touch. Evaluation
-allocates blocks of that size at every batch and decode step: activations, logits, KV caches
-merged into new buffers. On 200 GSM8K generations with smollm2-135m-instruct that was 1.9-2.2
-million page faults and 110-125 s, against 0.66 million and 91 s with freed memory kept.
+glibc's malloc serves blocks above its mmap threshold (128 KiB, rising with the blocks freed to at
+most 32 MiB) straight from the operating system, hands them back when they are freed, and trims
+the top of its heap. The next block of that size then starts as fresh pages, each zeroed by the
+kernel on its first touch. Evaluation allocates such blocks at every batch and decode step
+(activations, logits, KV caches merged into new buffers), so without reuse it pays page faults
+for most of the memory it touches.
 
 PyTorch's CPU performance guide recommends a caching allocator (jemalloc, tcmalloc) preloaded
-when the process starts. Without one, softeval asks glibc to do the same: no mmap below 1 GiB,
-no heap trimming below 2 GiB of free space at its top. The process then holds on to its peak
-memory between batches instead of returning and refaulting it.
+when the process starts. Without one, softeval asks glibc for the same effect: no mmap below
+1 GiB (32 MiB on glibc before 2.35, which refuses more) and no trimming below 2 GiB free at the
+heap's top. This covers the main heap, where the main thread allocates; a thread's heap is capped
+at 64 MiB and still maps larger blocks. The process then holds on to its peak memory between
+batches instead of returning and refaulting it; `release_freed_memory` hands the free part back
+when one model is done and the next is about to load.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import sys
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 30
+MMAP_THRESHOLDS = (1 << 30, 32 << 20)  # the first one glibc accepts is used
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 
-_kept: bool | None = None  # whether the setting is in force; None: not tried yet
+_libc: ctypes.CDLL | None = None  # set once the setting is in force
+_tried = False
 
 
 def keep_freed_memory() -> bool:
     """Ask glibc to keep freed blocks for reuse, once per process; returns whether it is in force.
 
-    Nothing happens on other C libraries, or when the user tuned glibc's malloc themselves
-    (MALLOC_* or GLIBC_TUNABLES in the environment) or preloaded another allocator."""
-    global _kept
-    if _kept is None:
-        _kept = _glibc_without_user_tuning() and _set_thresholds()
-    return _kept
+    Nothing happens on other C libraries, or when the user tuned glibc's malloc themselves (a
+    MALLOC_* variable, or GLIBC_TUNABLES naming malloc) or preloaded jemalloc, tcmalloc or
+    mimalloc."""
+    global _libc, _tried
+    if not _tried:
+        _tried = True
+        _libc = _set_thresholds() if _glibc_without_user_tuning() else None
+    return _libc is not None
+
+
+def release_freed_memory() -> None:
+    """Return the heap's free pages to the operating system (between models: the next one is
+    not the same size, and the last one's memory would otherwise stay with the process)."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
 
 
 def _glibc_without_user_tuning() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
-            return False
-    except (ValueError, OSError):
+        libc_version = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):  # not a POSIX system that knows the name
+        return False
+    if not libc_version.startswith("glibc"):
         return False
     tuned = any(name.startswith("MALLOC_") for name in os.environ) or "malloc" in os.environ.get("GLIBC_TUNABLES", "")
     preloaded = os.environ.get("LD_PRELOAD", "")
     return not tuned and not any(name in preloaded for name in ("jemalloc", "tcmalloc", "mimalloc"))
 
 
-def _set_thresholds() -> bool:
+def _set_thresholds() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
-        return False
-    # mallopt returns 1 on success; a glibc that refuses a threshold this high keeps its own
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        return None
+    # mallopt returns 1 when it takes a value, 0 when it refuses one
+    if not any(libc.mallopt(M_MMAP_THRESHOLD, threshold) for threshold in MMAP_THRESHOLDS):
+        return None
+    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return libc

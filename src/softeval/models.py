@@ -21,7 +21,7 @@ from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
 from softeval.errors import SoftevalError
-from softeval.memory import keep_freed_memory
+from softeval.memory import keep_freed_memory, release_freed_memory
 from softeval.progress import console
 
 CACHE_ENV = "SOFTEVAL_CACHE"
@@ -156,6 +156,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    release_freed_memory()  # what an earlier model left free goes back before this one loads
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     path = Path(spec).expanduser()

@@ -260,6 +260,7 @@ def run_study(
     else:
         reports = []
         for entry in study.models:
+            lm = None  # the last model is freed before the next one loads, not after
             try:
                 lm = load_model(entry.model, cache_dir=cache_dir)
             except SoftevalError as exc:  # reported with the failed cells; the other models go on
