@@ -236,6 +236,13 @@ def test_prompt_lookup_drafts_continue_the_latest_match():
     assert _PromptLookup([2, 3, 7, 3, 8, 2]).draft([3], 2) == [7, 3]
 
 
+def _one_at_a_time(monkeypatch, lm, prompts: list[list[int]], stop: list[str], max_new_tokens: int):
+    """Each prompt's completion generated alone, without drafts: what pooled rows must reproduce."""
+    with monkeypatch.context() as plain:
+        plain.setattr(engine_module, "DRAFT_POSITIONS", 0)
+        return [Engine(lm, batch_size=1).generate([p], stop=stop, max_new_tokens=max_new_tokens)[0] for p in prompts]
+
+
 def _record_pools(monkeypatch) -> list[tuple[int, int, int, int]]:
     """(rows finished, live rows, slots, KV positions held) at every decode step of any engine."""
     seen: list[tuple[int, int, int, int]] = []
@@ -256,9 +263,7 @@ def test_rows_join_as_others_finish_without_changing_outputs(tiny_lm, stop, monk
     """Continuous batching: with a pool of 4 rows, each freed slot is refilled at once, so every
     decode step runs 4 rows until the queue drains; every row's tokens equal its tokens alone."""
     prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 3]
-    with monkeypatch.context() as plain:  # one row at a time, without drafts
-        plain.setattr(engine_module, "DRAFT_POSITIONS", 0)
-        alone = [Engine(tiny_lm, batch_size=1).generate([p], stop=stop, max_new_tokens=9)[0] for p in prompts]
+    alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, stop, max_new_tokens=9)
     steps = _record_pools(monkeypatch)
     pooled = Engine(tiny_lm, batch_size=4).generate(prompts, stop=stop, max_new_tokens=9)
     assert [(c.text, c.tokens, c.stop_reason) for c in pooled] == [(c.text, c.tokens, c.stop_reason) for c in alone]
@@ -287,9 +292,7 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     monkeypatch.setattr(_Decoder, "step", checking)
     engine = Engine(tiny_llama, batch_size=8)
     engine.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
-    with monkeypatch.context() as plain:  # one row at a time, without drafts
-        plain.setattr(engine_module, "DRAFT_POSITIONS", 0)
-        alone = [Engine(tiny_llama, batch_size=1).generate([p], stop=["e"], max_new_tokens=8)[0] for p in prompts]
+    alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["e"], max_new_tokens=8)
     completions = engine.generate(prompts, stop=["e"], max_new_tokens=8)
     assert [c.tokens for c in completions] == [c.tokens for c in alone]
     assert max(held for *_, held in steps) <= engine.kv_positions
