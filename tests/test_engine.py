@@ -9,7 +9,7 @@ import torch
 from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
 
 import softeval.engine as engine_module
-from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder, _Pool
+from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder
 from softeval.errors import SoftevalError
 from softeval.models import load_model
 from softeval.prompts import Cloze
@@ -55,10 +55,10 @@ def test_generation_cuts_at_stop_string(tiny_llama):
 def _decode_from(engine, prompt, forced_first: list[int], stop, max_new_tokens):
     """Decode `prompt` greedily after forcing its first generated token: what the decoder does
     when the model itself picks that token."""
-    hidden, mask, positions, cache = engine._prefill([prompt], None)
-    pool = _Pool([0], cache, mask, positions[:, -1:], torch.tensor(forced_first))
     decoder = _Decoder(engine, [prompt], stop, max_new_tokens)
     with torch.inference_mode():
+        pool = engine._admit(None, [[0]], [prompt], None, room=max_new_tokens, needed=1)
+        pool.next_tokens[:] = torch.tensor(forced_first)
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
     return decoder.results[0]
@@ -145,25 +145,56 @@ def test_an_attention_kernel_that_ignores_custom_masks_is_refused(tiny_model_dir
 
 
 def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
-    """A pool that has decoded a few steps takes in a freshly encoded batch of another width; on
-    the tiny gemma3 the long prompt has outgrown the 32-token sliding window, which the merged
-    cache's masks still keep exact."""
+    """A pool that has decoded a few steps takes in a prompt of another width, in a slot of its
+    own; on the tiny gemma3 the long prompt has outgrown the 32-token sliding window, which the
+    repacked cache's masks still keep exact."""
     engine = Engine(tiny_lm, batch_size=2)
     long_prompt, short_prompt = prompt_ids(tiny_lm, TEXTS[3]), prompt_ids(tiny_lm, TEXTS[2])
-    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in (long_prompt, short_prompt)]
-
-    def pool_of(index, prompt):
-        hidden, mask, positions, cache = engine._prefill([prompt], None)
-        return _Pool([index], cache, mask, positions[:, -1:], engine.logits(hidden).argmax(-1))
-
-    decoder = _Decoder(engine, [long_prompt, short_prompt], ["\x00never"], 6)
+    prompts = [long_prompt, short_prompt]
+    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
+    decoder = _Decoder(engine, prompts, ["\x00never"], 6)
     with torch.inference_mode():
-        pool = engine._merge([pool_of(0, long_prompt)], 6)
+        pool = engine._admit(None, [[0]], prompts, None, room=6, needed=1)
         pool = decoder.step(decoder.step(pool, lambda n: None), lambda n: None)  # two tokens ahead
-        pool = engine._merge([pool, pool_of(1, short_prompt)], 6)
+        pool = engine._admit(pool, [[1]], prompts, None, room=6, needed=1)  # no idle slot: repacked
         assert pool.rows == [0, 1] and bool(pool.mask[1, 0] == 0)  # the short row is left-padded
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
+    assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
+
+
+@PREFIXES
+def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
+    """Rows that join a pool with idle slots are encoded straight into them, into scattered
+    slots and into a run of slots alike, over what earlier rows left there; the pool's buffer
+    is not copied, and every row's tokens are its tokens alone."""
+    prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
+    engine = Engine(tiny_lm)
+    expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
+    shared = engine._encode_prefix(prompts, horizon=6)
+    # encoded once, unless the rows would outgrow a sliding window (the tiny gemma3's)
+    assert (shared is not None) == bool(prefix and max(map(len, prompts)) + 6 <= (engine.window or math.inf))
+    decoder = _Decoder(engine, prompts, ["\x00never"], 6)
+
+    def step(pool):
+        return decoder.step(pool, lambda n: None)
+
+    with torch.inference_mode():
+        pool = engine._admit(None, [[3, 0, 1]], prompts, shared, room=16, needed=1)  # the longest first
+        buffer = pool.cache.layers[0].key_room
+        pool = step(step(pool))
+        # rows 3 and 1 give up their slots 0 and 2 after two tokens, to start again later
+        for slot in (0, 2):
+            decoder.texts[pool.rows[slot]] = engine_module._TextStream(tiny_lm.tokenizer, ["\x00never"])
+            pool.rows[slot] = None
+        pool = engine._admit(pool, [[1, 2]], prompts, shared, room=16, needed=1)  # scattered slots
+        assert pool.rows == [1, 0, 2]
+        while pool.rows[1] is not None:  # until row 0 has its six tokens
+            pool = step(pool)
+        pool = engine._admit(pool, [[3]], prompts, shared, room=16, needed=1)  # a run of one slot
+        assert pool.rows == [1, 3, 2] and pool.cache.layers[0].key_room is buffer
+        while pool is not None:
+            pool = step(pool)
     assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
 
 

@@ -84,6 +84,11 @@ def run_on_ray(
 
 
 def _run_unit(model: str, spec: TaskSpec, study: Study, *, output: Path, soft, data_dir, cache_dir, force: bool) -> list[CellReport]:
-    """One (model, task) unit inside a Ray worker."""
+    """One (model, task) unit inside a Ray worker, computing on as many threads as the CPUs it
+    holds: set here rather than left to the worker's environment, so that a unit's floating-point
+    results (which depend on how sums are split between threads) follow the study file."""
+    import torch
+
+    torch.set_num_threads(max(1, int(study.resources.get("num_cpus", 1))))
     lm = load_model(model, cache_dir=cache_dir)
     return run_unit(lm, spec, study, output=output, soft=soft, data_dir=data_dir, force=force, progress=False)

@@ -36,10 +36,14 @@ PADDING_SLACK = 1 / 32
 # Rows decoding together: a decode step reads every weight once, whatever the rows, so more rows
 # share that cost, up to where their KV cache costs more to read than the weights.
 DECODE_ROWS = 128
+# Rows join a pool once this share of its slots are idle (and once the queue is drained, the idle
+# slots are dropped): each joining batch is one more forward pass (a read of the weights), each
+# idle slot a wasted row at every decode step.
+JOIN_SHARE = 1 / 16
 # Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token).
 KV_CACHE_BYTES = 2 << 30
-# Slots a merged pool's cache reserves for the tokens to come; a pool whose room is full is
-# merged again with new room. Most rows stop long before the token limit, and reserving the
+# Slots a repacked pool's cache reserves for the tokens to come; a pool whose room is full is
+# repacked again with new room. Most rows stop long before the token limit, and reserving the
 # whole limit for every row would write (and page in) memory that is never used.
 DECODE_ROOM = 64
 # Speculation once the queue is drained: a decode step also runs draft tokens taken from each
@@ -102,6 +106,7 @@ class Engine:
         # the window. (Option scoring builds its own window mask from positions.)
         self.window = getattr(self.text_config, "sliding_window", None)
         self.layer_types = getattr(self.text_config, "layer_types", None)  # None: every layer alike
+        self.sliding_layers = [layer.is_sliding for layer in DynamicCache(config=self.text_config).layers]
         # Qwen configs set a window that no layer uses
         self.slides = self.window is not None and (self.layer_types is None or "sliding_attention" in self.layer_types)
         # Rotary scalings that change with the largest position in a batch would see a draft's
@@ -139,10 +144,11 @@ class Engine:
         """Greedy completions, one per prompt, in the prompts' order.
 
         Continuous batching: decoding runs on one pool of rows. Whenever rows that stopped have
-        freed a quarter of its slots, the next prompts (longest first) are encoded together and
-        join it, so each decode step, bound by reading the weights whatever the rows, serves a
-        nearly full pool until the queue drains. From then on, steps also verify draft tokens
-        (see `_Decoder`), which take the last rows several tokens a step."""
+        freed a sixteenth of its slots, the next prompts (longest first) are encoded together
+        straight into the freed slots, so each decode step, bound by reading the weights whatever
+        the rows, serves a nearly full pool until the queue drains; from then on, freed slots are
+        dropped. Steps then also verify draft tokens (see `_Decoder`), which take the last rows
+        several tokens a step."""
         decoder = _Decoder(self, prompts, stop, max_new_tokens)
         room = min(DECODE_ROOM, max_new_tokens)
         prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
@@ -154,12 +160,20 @@ class Engine:
             # a step takes one column, or with drafts up to 1 + MAX_DRAFT (a smaller room caps them)
             needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
             if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
-                joining = [self._joining(batch, prompts, prefix) for batch in arrivals]
-                pool = self._merge(([] if pool is None else [pool]) + joining, room)
-            elif pool.idle > pool.live or self._wasteful(pool) or pool.room() < needed:
-                pool = self._merge([pool], room)  # drop idle slots and rejected drafts' columns, make room
+                pool = self._admit(pool, arrivals, prompts, prefix, room, needed)
+            elif self._wasteful(pool) or pool.room() < needed:
+                pool = self._repack(pool, room)  # drop idle slots and rejected drafts' columns, make room
+            elif not queue and pool.idle >= max(1, int(JOIN_SHARE * len(pool.rows))):
+                pool.compact()  # no row will join: drop the idle slots
+            # columns no row attends to any more, left of every row, are not read again; queued
+            # prompts still fit in what is kept
+            pool.trim(keep=len(prompts[queue[0]]) + self.n_soft if queue else 0)
             pool = decoder.step(pool, advance, speculate=speculate)
         return decoder.results  # type: ignore[return-value]
+
+    @property
+    def n_soft(self) -> int:
+        return 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
 
     def _wasteful(self, pool: _Pool) -> bool:
         """Whether rejected drafts' columns (holes) should be dropped from a pool's cache now:
@@ -173,52 +187,104 @@ class Engine:
         return 4 * (span - pool.longest()) > span
 
     def _arrivals(self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], horizon: int) -> list[list[int]]:
-        """Prefill batches of the prompts that join the pool now, taken from the queue: none until
-        a quarter of the pool's rows are free; then as many as are free, within the KV budget for
-        the merged pool's cache (rows x (widest row + `horizon`): a row's new tokens and the room
-        reserved after them)."""
+        """Prefill batches of the prompts that join the pool now, taken from the queue. The first
+        batches make the pool: as many rows as the KV budget holds (rows x (widest prompt +
+        `horizon`): a row's new tokens and the room reserved after them; the queue runs longest
+        first, so no later prompt is wider). Later ones fill its idle slots, once a JOIN_SHARE of
+        them are idle: joining is cheap, an idle slot costs a full row at every step."""
         if not queue:
             return []
-        live = 0 if pool is None else pool.live
-        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
-        width = max(len(prompts[queue[0]]) + n_soft, 0 if pool is None else pool.span())  # the queue runs longest first
-        rows = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))  # the pool's size
-        free = rows - live
-        if live and free < max(1, rows // 4):
-            return []
-        widths = {i: len(prompts[i]) + n_soft for i in itertools.islice(queue, free)}
+        if pool is None:
+            width = len(prompts[queue[0]]) + self.n_soft
+            free = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))
+        else:
+            free = pool.idle
+            if free < max(1, int(JOIN_SHARE * len(pool.rows))):
+                return []
+        widths = {i: len(prompts[i]) + self.n_soft for i in itertools.islice(queue, free)}
         arrivals = list(widths)
         for _ in arrivals:
             queue.popleft()
         return _batches(arrivals, widths, free, self.token_budget)
 
-    def _joining(self, batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None) -> _Pool:
-        """A batch of prompts encoded into a pool of their own, each row with its first token."""
-        hidden, mask, positions, cache = self._prefill([prompts[i] for i in batch], prefix)
-        return _Pool(list(batch), cache, mask, positions[:, -1:], self.logits(hidden).argmax(-1), [[] for _ in batch])
+    def _admit(
+        self, pool: _Pool | None, batches: list[list[int]], prompts: Sequence[list[int]], prefix: SharedPrefix | None, room: int, needed: int
+    ) -> _Pool:
+        """The pool with the prompts of `batches` encoded into its idle slots. A pool with too few
+        idle slots, narrower than a joining prompt or with less room than the next step needs is
+        first repacked into a new buffer with slots for them (and the first batches make one).
+        Joining rows are written where they will decode: the rows already decoding stay put."""
+        widths = [self._encoded_width([prompts[i] for i in batch], prefix) for batch in batches]
+        joining = sum(map(len, batches))
+        if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
+            pool = self._repack(pool, room, free=joining, width=max(widths))
+        idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
+        for batch in batches:
+            self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix)
+        return pool
 
-    def _merge(self, pools: list[_Pool], room: int) -> _Pool:
-        """One pool of the live rows of `pools`, their caches left-padded to one width with room
-        for `room` more tokens, so decode steps write into place instead of copying the cache.
-        Each row keeps only the columns it attends to (a pool with holes from rejected drafts
-        is compacted)."""
-        parts = [_MergePart.of(pool, self.device) for pool in pools]
-        width = max(part.mask.shape[1] for part in parts)
-        layers = [
-            _merged_layer([pool.cache.layers[index] for pool in pools], parts, width, width + room)
-            for index in range(len(pools[0].cache.layers))
-        ]
-        cache = copy.copy(pools[0].cache)
+    def _encoded_width(self, sequences: list[list[int]], prefix: SharedPrefix | None) -> int:
+        """Columns a batch takes once encoded: its longest row and the soft prompt, or with a
+        shared prefix the prefix's columns and the longest row's own tokens after them."""
+        if prefix is None:
+            return max(map(len, sequences)) + self.n_soft
+        return prefix.mask.shape[1] + max(len(s) - prefix.length for s in sequences)
+
+    def _encode_into(
+        self, pool: _Pool, slots: list[int], batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None
+    ) -> None:
+        """Encode a batch of prompts into `slots` of a pool, right-aligned at the pool's width
+        (zeros to their left), each slot taking its row and the row's first token.
+
+        With a shared prefix, each row starts from a copy of the prefix's cache and only the row's
+        own tokens are encoded, left-padded in between, with positions continuing from the prefix."""
+        sequences = [prompts[i] for i in batch]
+        if prefix is None:
+            embeds, mask, positions = self.inputs(sequences)
+        else:
+            suffix_ids, suffix_mask = self._left_pad([s[prefix.length :] for s in sequences])
+            embeds = self._embed(suffix_ids)
+            mask = torch.cat([prefix.mask.expand(len(sequences), -1), suffix_mask], dim=1)
+            positions = prefix.positions[:, -1:] + suffix_mask.cumsum(-1)
+        cache, write_back = _slot_cache(pool, slots, pool.width - mask.shape[1], prefix)
+        hidden = self._forward(embeds, mask, positions, cache)[:, -1]
+        write_back()
+        pool.take(slots, batch, _pad_left(mask, pool.width), positions[:, -1:], self.logits(hidden).argmax(-1))
+
+    def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
+        """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
+        about to be encoded into it: as wide as `width` or the columns the live rows span, with
+        room for `room` more tokens, so decode steps write into place instead of copying the
+        cache. Each live row keeps only the columns it attends to, right-aligned, zeros to
+        their left (a pool with holes from rejected drafts is compacted)."""
+        part = None if pool is None else _MergePart.of(pool, self.device)
+        live = 0 if part is None else len(part.keep)
+        width = max(width, 0 if part is None else part.mask.shape[1])
+        heads, head_dim = _kv_shape(self.text_config)
+        layers = []
+        for index, sliding in enumerate(self.sliding_layers):
+            key_room = torch.empty(live + free, heads, width + room, head_dim, dtype=self.model.dtype, device=self.device)
+            value_room = torch.empty_like(key_room)
+            if part is not None:
+                layer = pool.cache.layers[index]
+                for buffer, states in ((key_room, layer.keys), (value_room, layer.values)):
+                    states = part.states(states)
+                    buffer[:live, :, : width - states.shape[2]] = 0
+                    buffer[:live, :, width - states.shape[2] : width] = states
+            layers.append(_GrowingLayer(key_room, value_room, width, sliding))
+        cache = DynamicCache(config=self.text_config)
         cache.layers = layers
-        keeps = [part.keep for part in parts]
-        return _Pool(
-            [pool.rows[s] for pool, keep in zip(pools, keeps) for s in keep.tolist()],
-            cache,
-            torch.cat([_pad_left(part.mask, width) for part in parts]),
-            torch.cat([pool.positions[keep] for pool, keep in zip(pools, keeps)]),
-            torch.cat([pool.next_tokens[keep] for pool, keep in zip(pools, keeps)]),
-            [pool.verified[s] for pool, keep in zip(pools, keeps) for s in keep.tolist()],
-        )
+        mask = torch.zeros(live + free, width, dtype=torch.long, device=self.device)
+        positions = torch.zeros(live + free, 1, dtype=torch.long, device=self.device)
+        next_tokens = torch.zeros(live + free, dtype=torch.long, device=self.device)
+        rows: list[int | None] = [None] * (live + free)
+        verified: list[list[int]] = [[] for _ in rows]
+        if part is not None:
+            mask[:live] = _pad_left(part.mask, width)
+            positions[:live], next_tokens[:live] = pool.positions[part.keep], pool.next_tokens[part.keep]
+            for slot, old in enumerate(part.keep.tolist()):
+                rows[slot], verified[slot] = pool.rows[old], pool.verified[old]
+        return _Pool(rows, cache, mask, positions, next_tokens, verified)
 
     # --- loglikelihood ----------------------------------------------------------------------------
 
@@ -339,9 +405,8 @@ class Engine:
 
     def _length_buckets(self, lengths: list[int]) -> list[list[int]]:
         """Batches of similar length (longest first, so memory peaks early and predictably)."""
-        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        return _batches(order, [n + n_soft for n in lengths], self.batch_size, self.token_budget)
+        return _batches(order, [n + self.n_soft for n in lengths], self.batch_size, self.token_budget)
 
     def _encode_prefix(self, sequences: Sequence[list[int]], horizon: int) -> SharedPrefix | None:
         """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,
@@ -351,31 +416,13 @@ class Engine:
             return None
         # every row keeps at least one token of its own
         shared = min(_common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-        n_soft = 0 if self.soft_prompt is None else self.soft_prompt.shape[0]
-        outgrows_window = self.window is not None and max(map(len, sequences)) + n_soft + horizon > self.window
+        outgrows_window = self.window is not None and max(map(len, sequences)) + self.n_soft + horizon > self.window
         if shared < MIN_SHARED_PREFIX or outgrows_window:
             return None
         embeds, mask, positions = self.inputs([sequences[0][:shared]])
         cache = DynamicCache(config=self.text_config)
         self._forward(embeds, mask, positions, cache)
         return SharedPrefix(shared, cache, mask, positions)
-
-    def _prefill(self, sequences: list[list[int]], prefix: SharedPrefix | None):
-        """Encode a batch into a KV cache; returns the last hidden state of each row, the attention
-        mask, position ids and the cache.
-
-        With a shared prefix, each row starts from a view of its cache and only the row's own
-        tokens are encoded, left-padded in between, with positions continuing from the prefix."""
-        if prefix is None:
-            cache = DynamicCache(config=self.text_config)
-            embeds, mask, positions = self.inputs(sequences)
-            return self._forward(embeds, mask, positions, cache)[:, -1], mask, positions, cache
-        cache = _repeated(prefix.cache, len(sequences))
-        suffix_ids, suffix_mask = self._left_pad([s[prefix.length :] for s in sequences])
-        mask = torch.cat([prefix.mask.expand(len(sequences), -1), suffix_mask], dim=1)
-        positions = prefix.positions[:, -1:] + suffix_mask.cumsum(-1)
-        hidden = self._forward(self._embed(suffix_ids), mask, positions, cache)[:, -1]
-        return hidden, mask, positions, cache
 
     def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask of a batch, left-padded to its longest row."""
@@ -448,9 +495,9 @@ class Engine:
 @dataclass
 class _Pool:
     """Rows being decoded together: the prompt index of each slot (None once its row finished:
-    the slot idles until the pool is next merged), their cache, mask, last positions, the token
-    each has just chosen and the drafts before it that the model confirmed (in the cache, not
-    yet recorded)."""
+    the slot idles until a row is encoded into it or the pool is repacked), their cache, mask,
+    last positions, the token each has just chosen and the drafts before it that the model
+    confirmed (in the cache, not yet recorded)."""
 
     rows: list[int | None]
     cache: DynamicCache
@@ -485,15 +532,58 @@ class _Pool:
         """The most columns a live row attends to."""
         return int(self._live_mask().sum(1).max())
 
+    @property
+    def width(self) -> int:
+        """Columns of the cache in use, the same for every row."""
+        return self.mask.shape[1]
+
     def room(self) -> int:
         """Columns the cache can still take without growing."""
-        return self.cache.layers[0].key_room.shape[2] - self.mask.shape[1]
+        return self.cache.layers[0].key_room.shape[2] - self.width
+
+    def trim(self, keep: int) -> None:
+        """Drop the columns that no live row attends to from the left of the cache, keeping at
+        least `keep` columns. The cache's layers become views of the same buffers: nothing is
+        copied, and the room after the last column stays."""
+        drop = min(self.width - self.span(), self.width - keep)
+        if drop > 0:
+            for layer in self.cache.layers:
+                layer.drop_left(drop)
+            self.mask = self.mask[:, drop:]
+
+    def compact(self) -> None:
+        """Drop the idle slots: the live rows after the first `live` slots move into the idle
+        slots among them (a copy of those rows only), and the pool keeps its first `live` slots,
+        views of the same buffers."""
+        live = self.live
+        idle = [slot for slot in range(live) if self.rows[slot] is None]
+        moving = [slot for slot in range(live, len(self.rows)) if self.rows[slot] is not None]
+        if moving:  # as many as there are idle slots before `live`
+            source, target = (torch.tensor(slots, device=self.mask.device) for slots in (moving, idle))
+            for layer in self.cache.layers:
+                layer.move_rows(source, target)
+            for states in (self.mask, self.positions, self.next_tokens):
+                states[target] = states[source]
+            for to, origin in zip(idle, moving):
+                self.rows[to], self.verified[to] = self.rows[origin], self.verified[origin]
+        for layer in self.cache.layers:
+            layer.keep_rows(live)
+        self.mask, self.positions, self.next_tokens = self.mask[:live], self.positions[:live], self.next_tokens[:live]
+        self.rows, self.verified = self.rows[:live], self.verified[:live]
+
+    def take(self, slots: list[int], rows: list[int], mask: torch.Tensor, positions: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Give idle `slots` to freshly encoded rows (their cache already written)."""
+        index = torch.tensor(slots, device=self.mask.device)
+        self.mask[index], self.positions[index], self.next_tokens[index] = mask, positions, next_tokens
+        for slot, row in zip(slots, rows):
+            self.rows[slot], self.verified[slot] = row, []
 
 
 @dataclass
 class _MergePart:
-    """What a pool brings to a merge: its live slots and, right-aligned, the columns each keeps
-    and their mask. A pool without holes keeps the same columns for every row, from `start`."""
+    """What a pool keeps when it is repacked: its live slots and, right-aligned, the columns
+    each keeps and their mask. A pool without holes keeps the same columns for every row, from
+    `start`."""
 
     keep: torch.Tensor  # slots of the live rows
     mask: torch.Tensor  # (live rows, columns kept)
@@ -504,25 +594,19 @@ class _MergePart:
     def of(cls, pool: _Pool, device: torch.device) -> _MergePart:
         keep = torch.tensor([slot for slot, row in enumerate(pool.rows) if row is not None], device=device)
         if not pool.holes:
-            start = pool.mask.shape[1] - pool.span()
+            start = pool.width - pool.span()
             return cls(keep, pool.mask[keep, start:], start, None)
         # a stable sort puts each row's unattended columns first, then the attended ones in order
         mask, order = torch.sort(pool.mask[keep], dim=1, stable=True)
         kept = pool.longest()
         return cls(keep, mask[:, mask.shape[1] - kept :], 0, order[:, order.shape[1] - kept :])
 
-    def states(self, layer, states: torch.Tensor) -> torch.Tensor:
-        """The kept rows' kept slots of a cache layer's keys or values (batch, heads, slots, dim).
-        A sliding-window layer of a freshly encoded batch has dropped the slots that fell out of
-        its window: fewer slots than columns come back, and the merge fills the rest with zeros,
-        which the mask hides."""
-        if self.order is not None:  # a decoding pool's layer: one slot per column
+    def states(self, states: torch.Tensor) -> torch.Tensor:
+        """The kept rows' kept slots of a pool layer's keys or values (batch, heads, slots, dim)."""
+        if self.order is not None:
             index = self.order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
             return states[self.keep].gather(2, index)
-        seen = getattr(layer, "cumulative_length", states.shape[2])
-        kept = min(states.shape[2], seen - self.start)  # stored slots from `start` on
-        states = states[:, :, states.shape[2] - kept :]
-        return states if len(self.keep) == states.shape[0] else states[self.keep]
+        return states[self.keep, :, self.start :]
 
 
 class _GrowingLayer(DynamicLayer):
@@ -530,7 +614,7 @@ class _GrowingLayer(DynamicLayer):
     into place, where DynamicLayer concatenates and so copies the whole cache at every step.
 
     A sliding-window layer keeps every slot too (the mask hides those outside the window), so
-    all layers of a pool share one width and can be merged and trimmed alike."""
+    all layers of a pool share one width and can be repacked and trimmed alike."""
 
     is_croppable = False
 
@@ -542,9 +626,9 @@ class _GrowingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         end = self.length + key_states.shape[-2]
-        if end > self.key_room.shape[-2]:  # more tokens than planned for: grow by half again
-            self.key_room = _with_room(self.keys, end + end // 2)
-            self.value_room = _with_room(self.values, end + end // 2)
+        if end > self.key_room.shape[-2]:
+            # growing would move the cache out of the pool's buffer (or a slot view of it)
+            raise RuntimeError(f"a decoding cache of {self.key_room.shape[-2]} slots cannot take {end}: the engine planned too little room")
         self.key_room[:, :, self.length : end] = key_states
         self.value_room[:, :, self.length : end] = value_states
         self.length = end
@@ -554,35 +638,61 @@ class _GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    def move_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Copy the rows at `source` over those at `target`."""
+        for room in (self.key_room, self.value_room):
+            room[target, :, : self.length] = room[source, :, : self.length]
+
+    def keep_rows(self, rows: int) -> None:
+        """Keep the first `rows` rows (a view, no copy)."""
+        self.key_room, self.value_room = self.key_room[:rows], self.value_room[:rows]
+        self.keys, self.values = self.key_room[:, :, : self.length], self.value_room[:, :, : self.length]
+
+    def drop_left(self, columns: int) -> None:
+        """Forget the first `columns` slots (a view of the rest, no copy)."""
+        self.key_room, self.value_room = self.key_room[:, :, columns:], self.value_room[:, :, columns:]
+        self.length -= columns
+        self.keys, self.values = self.key_room[:, :, : self.length], self.value_room[:, :, : self.length]
+
     def _unsupported(self, *args, **kwargs):
         raise NotImplementedError("a decoding pool's cache changes its rows only by merging pools")
 
     crop = reorder_cache = batch_select_indices = batch_repeat_interleave = _unsupported
 
 
-def _merged_layer(layers: list, parts: list[_MergePart], width: int, capacity: int) -> _GrowingLayer:
-    """One layer of a merged pool: each part's kept rows and columns, right-aligned at `width`
-    (zeros to their left), written once into a buffer of `capacity` slots."""
-    sample = layers[0].keys
-    rows = sum(len(part.keep) for part in parts)
-    key_room = sample.new_empty(rows, sample.shape[1], capacity, sample.shape[3])
-    value_room = torch.empty_like(key_room)
-    row = 0
-    for layer, part in zip(layers, parts):
-        end = row + len(part.keep)
-        for room, states in ((key_room, layer.keys), (value_room, layer.values)):
-            states = part.states(layer, states)
-            room[row:end, :, : width - states.shape[2]] = 0
-            room[row:end, :, width - states.shape[2] : width] = states
-        row = end
-    return _GrowingLayer(key_room, value_room, width, any(layer.is_sliding for layer in layers))
+def _slot_cache(pool: _Pool, slots: list[int], start: int, prefix: SharedPrefix | None) -> tuple[DynamicCache, Callable[[], None]]:
+    """The cache a batch is encoded into: for each layer of a pool's cache, `slots` from column
+    `start` on, beginning with the shared prefix's keys and values when there is one; zeros go
+    to the left of `start`. Slots in one run are written in place; scattered slots through a
+    buffer, which the returned function copies into them once the forward pass is done."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        index: slice | torch.Tensor = slice(slots[0], slots[0] + len(slots))
+    else:
+        index = torch.tensor(slots, device=pool.mask.device)
+    width = pool.width
+    layers, buffers = [], []
+    for number, layer in enumerate(pool.cache.layers):
+        views = []
+        for room in (layer.key_room, layer.value_room):
+            room[index, :, :start] = 0
+            views.append(room[index, :, start:] if isinstance(index, slice) else room.new_empty(len(slots), room.shape[1], width - start, room.shape[3]))
+        length = 0
+        if prefix is not None:
+            shared = prefix.cache.layers[number]
+            length = shared.keys.shape[2]
+            views[0][:, :, :length], views[1][:, :, :length] = shared.keys, shared.values
+        layers.append(_GrowingLayer(views[0], views[1], length, layer.is_sliding))
+        if not isinstance(index, slice):
+            buffers.append((layer, views))
 
+    def write_back() -> None:
+        for layer, (keys, values) in buffers:
+            layer.key_room[index, :, start:width] = keys
+            layer.value_room[index, :, start:width] = values
 
-def _with_room(states: torch.Tensor, capacity: int) -> torch.Tensor:
-    """`states` (batch, heads, slots, dim) copied into a buffer of `capacity` slots."""
-    room = states.new_empty(*states.shape[:2], capacity, states.shape[3])
-    room[:, :, : states.shape[2]] = states
-    return room
+    encoding = copy.copy(pool.cache)
+    encoding.layers = layers
+    return encoding, write_back
 
 
 class _Decoder:
@@ -598,7 +708,7 @@ class _Decoder:
     def step(self, pool: _Pool, advance: Advance, speculate: bool = False) -> _Pool | None:
         """Record each live row's confirmed drafts and chosen token; finished rows free their
         slot; the pool advances by one token, and by the drafts the model confirms when
-        `speculate` (idle slots advance too, until the next merge drops them)."""
+        `speculate` (idle slots advance too, until a row is encoded into them or a repack drops them)."""
         finished = 0
         for slot, (i, token) in enumerate(zip(pool.rows, pool.next_tokens.tolist())):
             if i is not None and self._record(i, pool.verified[slot] + [token]):
@@ -820,10 +930,16 @@ def _rope_depends_on_length(config) -> bool:
     return any(kind.get("rope_type") in ("dynamic", "longrope") for kind in kinds)
 
 
-def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """Bytes one token takes in the KV cache: keys and values of every layer."""
+def _kv_shape(config) -> tuple[int, int]:
+    """Key/value heads and the size of each, as a layer's cache holds them."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads, head_dim
+
+
+def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes one token takes in the KV cache: keys and values of every layer."""
+    heads, head_dim = _kv_shape(config)
     return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
