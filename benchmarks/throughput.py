@@ -4,7 +4,9 @@ In one invocation, for each model and on the same rows of the benchmark mirror:
 
 1. multiple-choice loglikelihood (cloze, acc_norm) on ARC-Easy;
 2. greedy generation of the same prompt texts on GSM8K (256 new tokens at most) and ARC-Easy
-   (letter answers), stopping at each task's stop strings.
+   (letter answers), stopping at each task's stop strings;
+3. (part `fewshot`, not run by default) the same on GSM8K prompts with 5 demonstrations, which
+   every row shares (--fewshot-rows, 50).
 
 softeval batches by its own token and KV-cache budgets (or at most --batch-size rows);
 lm-evaluation-harness runs at --lm-eval-batch-size (16). It prints wall time for each side and the ratio, checks that the sides agree (identical generations
@@ -51,7 +53,7 @@ from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
-from softeval.prompts import PromptBuilder, tuning_target  # noqa: E402
+from softeval.prompts import PromptBuilder, choose_demos, tuning_target  # noqa: E402
 from softeval.tune import TuneConfig, Tuner  # noqa: E402
 
 MC_TASK = """\
@@ -156,10 +158,12 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
     }
 
 
-def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float) -> dict:
+def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float, shots: int = 0) -> dict:
     spec = load_task(task)
     examples = load_examples(spec, spec.dataset.eval_split, data_dir)[:rows]
-    builder = PromptBuilder(spec, lm, reserve=spec.max_new_tokens)
+    # the same demonstrations for every row, as `softeval eval --method few-shot` picks them
+    demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed=0) if shots else []
+    builder = PromptBuilder(spec, lm, demos=demos, k=shots, reserve=spec.max_new_tokens)
     prompts = [builder.generation(e) for e in examples]
     start = time.perf_counter()
     engine = Engine(lm, batch_size=batch_size)
@@ -169,7 +173,7 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
         data.write_text("".join(json.dumps({"prompt": p.text, "target": e.answer}) + "\n" for p, e in zip(prompts, examples)))
-        name = f"bench_gen_{task}"
+        name = f"bench_gen_{task}_{shots}shot"
         yaml = GEN_TASK.format(name=name, data=data, until=json.dumps(spec.stop), max_new=spec.max_new_tokens)
         out, theirs_s = run_lm_eval(hflm, yaml, name, log_samples=True)
     theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
@@ -184,7 +188,7 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
     gflops = flops.forward(positions, logit_rows) / ours_s / 1e9
     return {
-        "mode": f"generation {task}",
+        "mode": f"generation {task}" + (f" {shots}-shot" if shots else ""),
         "rows": rows,
         "softeval_s": ours_s,
         "lm_eval_s": theirs_s,
@@ -338,6 +342,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="mc,gen,tune")
     parser.add_argument("--gen-tasks", default="gsm8k,arc_easy")
+    parser.add_argument("--fewshot-rows", type=int, default=50, help="rows of the few-shot part (GSM8K, 5 demonstrations)")
     parser.add_argument("--long-rows", type=int, default=30)
     parser.add_argument("--long-cap", type=int, default=None, help="tokens of the long prompt (default: the context length)")
     parser.add_argument("--protocol-steps", type=int, default=120)
@@ -353,13 +358,15 @@ def main() -> None:
     for name in args.models.split(","):
         lm = load_model(name, device="cpu", dtype=torch.float32)
         flops = FlopCounter(lm)
-        hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen"} else None
+        hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen", "fewshot"} else None
         rows = []
         if "mc" in parts:
             rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak))
         if "gen" in parts:
             for task in args.gen_tasks.split(","):
                 rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak))
+        if "fewshot" in parts:
+            rows.append(bench_generation(lm, hflm, "gsm8k", args.data_dir, args.fewshot_rows, args.batch_size, flops, peak, shots=5))
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
         if "long" in parts:

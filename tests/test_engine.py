@@ -167,13 +167,13 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
 def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     """Rows that join a pool with idle slots are encoded straight into them, into scattered
     slots and into a run of slots alike, over what earlier rows left there; the pool's buffer
-    is not copied, and every row's tokens are its tokens alone."""
+    is not copied, a shared prefix is not copied into it, and every row's tokens are its tokens
+    alone."""
     prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     engine = Engine(tiny_lm)
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
-    shared = engine._encode_prefix(prompts, horizon=6)
-    # encoded once, unless the rows would outgrow a sliding window (the tiny gemma3's)
-    assert (shared is not None) == bool(prefix and max(map(len, prompts)) + 6 <= (engine.window or math.inf))
+    shared = engine._encode_prefix(prompts, within_window=None)
+    assert (shared is not None) == bool(prefix)  # on the tiny gemma3, rows outgrow its window past the prefix
     decoder = _Decoder(engine, prompts, ["\x00never"], 6)
 
     def step(pool):
@@ -182,6 +182,8 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     with torch.inference_mode():
         pool = engine._admit(None, [[3, 0, 1]], prompts, shared, room=16, needed=1)  # the longest first
         buffer = pool.cache.layers[0].key_room
+        # a shared prefix is kept once, apart: the pool holds each row's own tokens only
+        assert pool.width == len(prompts[3]) - (0 if shared is None else shared.length)
         pool = step(step(pool))
         # rows 3 and 1 give up their slots 0 and 2 after two tokens, to start again later
         for slot in (0, 2):
@@ -196,6 +198,21 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
         while pool is not None:
             pool = step(pool)
     assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
+
+
+def test_a_shared_prefix_longer_than_a_sliding_window(tiny_lm):
+    """Rows after a shared prefix longer than the tiny gemma3's 32-token window (its sliding
+    layers keep the prefix's last slots only) decode as plain greedy decoding does."""
+    prompts = [prompt_ids(tiny_lm, SHARED * 3 + t) for t in TEXTS]
+    engine = Engine(tiny_lm)
+    assert engine._encode_prefix(prompts, within_window=None).length > 32
+    completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=8)
+    expected = []
+    for p in prompts:
+        tokens = reference_greedy(tiny_lm, p, 8)
+        ends = [i for i, t in enumerate(tokens) if t in tiny_lm.eos_token_ids]
+        expected.append(tokens[: ends[0]] if ends else tokens)
+    assert [c.tokens for c in completions] == expected
 
 
 def _oracle_drafts(monkeypatch, lm, prompts: list[list[int]], n: int) -> None:
@@ -433,11 +450,11 @@ def _record_forwards(engine: Engine) -> list[int]:
     seen: list[int] = []
     forward = engine._forward
 
-    def recording(embeds, mask, positions, cache):
+    def recording(embeds, mask, positions, cache, prefix=None):
         if embeds.shape[1] > 1:
             keys = next(iter(mask.values())) if isinstance(mask, dict) else mask  # (rows, [1, queries,] keys)
             seen.append(keys.shape[0] * keys.shape[-1])
-        return forward(embeds, mask, positions, cache)
+        return forward(embeds, mask, positions, cache, prefix)
 
     engine._forward = recording
     return seen

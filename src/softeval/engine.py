@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from softeval.attention import stacked_gqa
+from softeval.attention import PrefixKeys, stacked_gqa
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
@@ -101,12 +101,12 @@ class Engine:
         self.kv_positions = max(1, kv_cache_bytes // _kv_bytes_per_token(self.text_config, lm.model.dtype))
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
-        # In a decoding cache, sliding-window attention counts slots, not positions: padding in the
-        # middle of a row (the shared-prefix layout) would take window slots once a row outgrows
-        # the window. (Option scoring builds its own window mask from positions.)
+        # In a decoding cache, sliding-window attention counts slots, not positions (a row's own
+        # slots, without holes, are as far apart as their positions); a shared prefix is attended
+        # to by positions. (Option scoring builds its own window mask from positions.)
         self.window = getattr(self.text_config, "sliding_window", None)
         self.layer_types = getattr(self.text_config, "layer_types", None)  # None: every layer alike
-        self.sliding_layers = [layer.is_sliding for layer in DynamicCache(config=self.text_config).layers]
+        self.sliding_layers = tuple(layer.is_sliding for layer in DynamicCache(config=self.text_config).layers)
         # Qwen configs set a window that no layer uses
         self.slides = self.window is not None and (self.layer_types is None or "sliding_attention" in self.layer_types)
         # Rotary scalings that change with the largest position in a batch would see a draft's
@@ -151,11 +151,12 @@ class Engine:
         several tokens a step."""
         decoder = _Decoder(self, prompts, stop, max_new_tokens)
         room = min(DECODE_ROOM, max_new_tokens)
-        prefix = self._encode_prefix(prompts, horizon=max_new_tokens)
+        # a shared prefix is attended to through the engine's own SDPA function (eager attention: none)
+        prefix = self._encode_prefix(prompts, within_window=None) if self.attention == "sdpa" else None
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
-            arrivals = self._arrivals(pool, queue, prompts, max_new_tokens + room)
+            arrivals = self._arrivals(pool, queue, prompts, prefix, max_new_tokens + room)
             speculate = self.speculates and not queue
             # a step takes one column, or with drafts up to 1 + MAX_DRAFT (a smaller room caps them)
             needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
@@ -167,7 +168,7 @@ class Engine:
                 pool.compact()  # no row will join: drop the idle slots
             # columns no row attends to any more, left of every row, are not read again; queued
             # prompts still fit in what is kept
-            pool.trim(keep=len(prompts[queue[0]]) + self.n_soft if queue else 0)
+            pool.trim(keep=self._own_width(prompts[queue[0]], prefix) if queue else 0)
             pool = decoder.step(pool, advance, speculate=speculate)
         return decoder.results  # type: ignore[return-value]
 
@@ -186,22 +187,24 @@ class Engine:
             return True
         return 4 * (span - pool.longest()) > span
 
-    def _arrivals(self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], horizon: int) -> list[list[int]]:
+    def _arrivals(
+        self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, horizon: int
+    ) -> list[list[int]]:
         """Prefill batches of the prompts that join the pool now, taken from the queue. The first
-        batches make the pool: as many rows as the KV budget holds (rows x (widest prompt +
-        `horizon`): a row's new tokens and the room reserved after them; the queue runs longest
-        first, so no later prompt is wider). Later ones fill its idle slots, once a JOIN_SHARE of
-        them are idle: joining is cheap, an idle slot costs a full row at every step."""
+        batches make the pool: as many rows as the KV budget holds (rows x (widest prompt's own
+        columns + `horizon`): a row's new tokens and the room reserved after them; the queue runs
+        longest first, so no later prompt is wider). Later ones fill its idle slots, once a
+        JOIN_SHARE of them are idle: joining is cheap, an idle slot costs a full row at every step."""
         if not queue:
             return []
         if pool is None:
-            width = len(prompts[queue[0]]) + self.n_soft
+            width = self._own_width(prompts[queue[0]], prefix)
             free = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))
         else:
             free = pool.idle
             if free < max(1, int(JOIN_SHARE * len(pool.rows))):
                 return []
-        widths = {i: len(prompts[i]) + self.n_soft for i in itertools.islice(queue, free)}
+        widths = {i: self._own_width(prompts[i], prefix) for i in itertools.islice(queue, free)}
         arrivals = list(widths)
         for _ in arrivals:
             queue.popleft()
@@ -214,21 +217,19 @@ class Engine:
         idle slots, narrower than a joining prompt or with less room than the next step needs is
         first repacked into a new buffer with slots for them (and the first batches make one).
         Joining rows are written where they will decode: the rows already decoding stay put."""
-        widths = [self._encoded_width([prompts[i] for i in batch], prefix) for batch in batches]
+        widths = [max(self._own_width(prompts[i], prefix) for i in batch) for batch in batches]
         joining = sum(map(len, batches))
         if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
-            pool = self._repack(pool, room, free=joining, width=max(widths))
+            pool = self._repack(pool, room, free=joining, width=max(widths), prefix=prefix)
         idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
         for batch in batches:
             self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix)
         return pool
 
-    def _encoded_width(self, sequences: list[list[int]], prefix: SharedPrefix | None) -> int:
-        """Columns a batch takes once encoded: its longest row and the soft prompt, or with a
-        shared prefix the prefix's columns and the longest row's own tokens after them."""
-        if prefix is None:
-            return max(map(len, sequences)) + self.n_soft
-        return prefix.mask.shape[1] + max(len(s) - prefix.length for s in sequences)
+    def _own_width(self, sequence: list[int], prefix: SharedPrefix | None) -> int:
+        """Columns a prompt takes in a pool's cache: all its tokens and the soft prompt, or with
+        a shared prefix (kept apart, soft prompt included) the tokens after it."""
+        return len(sequence) + self.n_soft if prefix is None else len(sequence) - prefix.length
 
     def _encode_into(
         self, pool: _Pool, slots: list[int], batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None
@@ -236,28 +237,28 @@ class Engine:
         """Encode a batch of prompts into `slots` of a pool, right-aligned at the pool's width
         (zeros to their left), each slot taking its row and the row's first token.
 
-        With a shared prefix, each row starts from a copy of the prefix's cache and only the row's
-        own tokens are encoded, left-padded in between, with positions continuing from the prefix."""
+        With a shared prefix, only each row's own tokens are encoded and cached, left-padded,
+        with positions continuing from the prefix, which every row attends to as well."""
         sequences = [prompts[i] for i in batch]
         if prefix is None:
             embeds, mask, positions = self.inputs(sequences)
         else:
-            suffix_ids, suffix_mask = self._left_pad([s[prefix.length :] for s in sequences])
-            embeds = self._embed(suffix_ids)
-            mask = torch.cat([prefix.mask.expand(len(sequences), -1), suffix_mask], dim=1)
-            positions = prefix.positions[:, -1:] + suffix_mask.cumsum(-1)
-        cache, write_back = _slot_cache(pool, slots, pool.width - mask.shape[1], prefix)
-        hidden = self._forward(embeds, mask, positions, cache)[:, -1]
+            ids, mask = self._left_pad([s[prefix.length :] for s in sequences])
+            embeds = self._embed(ids)
+            positions = prefix.positions[:, -1:] + mask.cumsum(-1)
+        cache, write_back = _slot_cache(pool, slots, pool.width - mask.shape[1])
+        hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1]
         write_back()
         pool.take(slots, batch, _pad_left(mask, pool.width), positions[:, -1:], self.logits(hidden).argmax(-1))
 
-    def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
+    def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0, prefix: SharedPrefix | None = None) -> _Pool:
         """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
         about to be encoded into it: as wide as `width` or the columns the live rows span, with
         room for `room` more tokens, so decode steps write into place instead of copying the
         cache. Each live row keeps only the columns it attends to, right-aligned, zeros to
-        their left (a pool with holes from rejected drafts is compacted)."""
-        part = None if pool is None else _MergePart.of(pool, self.device)
+        their left (a pool with holes from rejected drafts is compacted). A new pool's rows
+        share `prefix`; a repacked one keeps the prefix of `pool`."""
+        part = None if pool is None else _RepackPart.of(pool, self.device)
         live = 0 if part is None else len(part.keep)
         width = max(width, 0 if part is None else part.mask.shape[1])
         heads, head_dim = _kv_shape(self.text_config)
@@ -284,7 +285,7 @@ class Engine:
             positions[:live], next_tokens[:live] = pool.positions[part.keep], pool.next_tokens[part.keep]
             for slot, old in enumerate(part.keep.tolist()):
                 rows[slot], verified[slot] = pool.rows[old], pool.verified[old]
-        return _Pool(rows, cache, mask, positions, next_tokens, verified)
+        return _Pool(rows, cache, mask, positions, next_tokens, verified, prefix=prefix if pool is None else pool.prefix)
 
     # --- loglikelihood ----------------------------------------------------------------------------
 
@@ -299,7 +300,7 @@ class Engine:
         results: list[list[float] | None] = [None] * len(clozes)
         tails = [_tail(c) for c in clozes]
         # window masks count positions, so only the prefix itself has to fit a window: no horizon
-        prefix = self._encode_prefix([c.context_ids for c in clozes], horizon=0)
+        prefix = self._encode_prefix([c.context_ids for c in clozes], within_window=0)
         for batch in self._length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
             for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], [tails[i] for i in batch], prefix)):
                 results[i] = scores
@@ -408,15 +409,18 @@ class Engine:
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return _batches(order, [n + self.n_soft for n in lengths], self.batch_size, self.token_budget)
 
-    def _encode_prefix(self, sequences: Sequence[list[int]], horizon: int) -> SharedPrefix | None:
+    def _encode_prefix(self, sequences: Sequence[list[int]], within_window: int | None) -> SharedPrefix | None:
         """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,
-        few-shot demonstrations); None when too little is shared to pay off. `horizon` is how
-        many tokens the rows will grow by."""
+        few-shot demonstrations); None when too little is shared to pay off. With
+        `within_window` (how many tokens the rows will grow by), also None when a row could
+        outgrow a sliding window; generation attends to a prefix by positions and takes any."""
         if len(sequences) < 2:
             return None
         # every row keeps at least one token of its own
         shared = min(_common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-        outgrows_window = self.window is not None and max(map(len, sequences)) + self.n_soft + horizon > self.window
+        outgrows_window = (
+            within_window is not None and self.window is not None and max(map(len, sequences)) + self.n_soft + within_window > self.window
+        )
         if shared < MIN_SHARED_PREFIX or outgrows_window:
             return None
         embeds, mask, positions = self.inputs([sequences[0][:shared]])
@@ -467,13 +471,25 @@ class Engine:
         # through the model's own embedding module: Gemma scales embeddings by sqrt(hidden)
         return self.model.get_input_embeddings()(ids)
 
-    def _forward(self, embeds, mask, positions, cache) -> torch.Tensor:
+    def _forward(self, embeds, mask, positions, cache, prefix: SharedPrefix | None = None) -> torch.Tensor:
+        """The decoder's last hidden states; with `prefix`, `cache` holds only the rows' own
+        tokens and every row attends to the prefix's cache too."""
         self.positions_computed += embeds.shape[0] * embeds.shape[1]
-        with stacked_gqa(self.decoder.config):
+        with stacked_gqa(self.decoder.config, None if prefix is None else self._prefix_keys(prefix, positions)):
             out = self.decoder(
                 inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None
             )
         return out.last_hidden_state
+
+    def _prefix_keys(self, prefix: SharedPrefix, positions: torch.Tensor) -> PrefixKeys:
+        """A shared prefix as queries at `positions` (rows, queries) attend to it. A sliding
+        layer's cache holds the prefix's last slots only; a query sees those within its window."""
+        window_mask = None
+        if self.slides:
+            slots = next(layer.keys.shape[2] for layer, sliding in zip(prefix.cache.layers, self.sliding_layers) if sliding)
+            key_positions = prefix.positions[0, prefix.positions.shape[1] - slots :]
+            window_mask = (key_positions[None, None, :] > positions[:, :, None] - self.window)[:, None]
+        return PrefixKeys(prefix.cache, self.sliding_layers, window_mask)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         self.logit_rows_computed += hidden.numel() // hidden.shape[-1]
@@ -506,6 +522,7 @@ class _Pool:
     next_tokens: torch.Tensor  # (rows,)
     verified: list[list[int]] | None = None
     holes: bool = False  # whether a row attends to fewer columns than it spans (rejected drafts)
+    prefix: SharedPrefix | None = None  # the prefix every row starts with, kept apart from `cache`
 
     def __post_init__(self):
         if self.verified is None:
@@ -580,7 +597,7 @@ class _Pool:
 
 
 @dataclass
-class _MergePart:
+class _RepackPart:
     """What a pool keeps when it is repacked: its live slots and, right-aligned, the columns
     each keeps and their mask. A pool without holes keeps the same columns for every row, from
     `start`."""
@@ -591,7 +608,7 @@ class _MergePart:
     order: torch.Tensor | None  # with holes: for each row, the columns it keeps, in order
 
     @classmethod
-    def of(cls, pool: _Pool, device: torch.device) -> _MergePart:
+    def of(cls, pool: _Pool, device: torch.device) -> _RepackPart:
         keep = torch.tensor([slot for slot, row in enumerate(pool.rows) if row is not None], device=device)
         if not pool.holes:
             start = pool.width - pool.span()
@@ -660,28 +677,23 @@ class _GrowingLayer(DynamicLayer):
     crop = reorder_cache = batch_select_indices = batch_repeat_interleave = _unsupported
 
 
-def _slot_cache(pool: _Pool, slots: list[int], start: int, prefix: SharedPrefix | None) -> tuple[DynamicCache, Callable[[], None]]:
+def _slot_cache(pool: _Pool, slots: list[int], start: int) -> tuple[DynamicCache, Callable[[], None]]:
     """The cache a batch is encoded into: for each layer of a pool's cache, `slots` from column
-    `start` on, beginning with the shared prefix's keys and values when there is one; zeros go
-    to the left of `start`. Slots in one run are written in place; scattered slots through a
-    buffer, which the returned function copies into them once the forward pass is done."""
+    `start` on; zeros go to the left of `start`. Slots in one run are written in place;
+    scattered slots through a buffer, which the returned function copies into them once the
+    forward pass is done."""
     if slots == list(range(slots[0], slots[0] + len(slots))):
         index: slice | torch.Tensor = slice(slots[0], slots[0] + len(slots))
     else:
         index = torch.tensor(slots, device=pool.mask.device)
     width = pool.width
     layers, buffers = [], []
-    for number, layer in enumerate(pool.cache.layers):
+    for layer in pool.cache.layers:
         views = []
         for room in (layer.key_room, layer.value_room):
             room[index, :, :start] = 0
             views.append(room[index, :, start:] if isinstance(index, slice) else room.new_empty(len(slots), room.shape[1], width - start, room.shape[3]))
-        length = 0
-        if prefix is not None:
-            shared = prefix.cache.layers[number]
-            length = shared.keys.shape[2]
-            views[0][:, :, :length], views[1][:, :, :length] = shared.keys, shared.values
-        layers.append(_GrowingLayer(views[0], views[1], length, layer.is_sliding))
+        layers.append(_GrowingLayer(views[0], views[1], 0, layer.is_sliding))
         if not isinstance(index, slice):
             buffers.append((layer, views))
 
@@ -772,7 +784,7 @@ class _Decoder:
         is_live = torch.zeros_like(pool.positions)
         is_live[live] = 1
         positions = pool.positions + is_live * fed.to(pool.positions.device).cumsum(1)
-        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache)
+        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache, pool.prefix)
         # vocabulary logits only where a live row chooses a token: after its token and each draft
         picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
         slots, columns = (torch.tensor(index, device=engine.device) for index in zip(*picks))
@@ -794,7 +806,7 @@ class _Decoder:
             if 1 + kept < new:
                 mask[slot, width + 1 + kept :] = 0
                 holes = True
-        return _Pool(pool.rows, pool.cache, mask, last, next_tokens, verified, holes)
+        return _Pool(pool.rows, pool.cache, mask, last, next_tokens, verified, holes, pool.prefix)
 
 
 class _PromptLookup:
