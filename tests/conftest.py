@@ -125,12 +125,17 @@ def prompt_ids(lm, text: str) -> list[int]:
     return [lm.bos_token_id, *ids] if lm.bos_token_id is not None else ids
 
 
-def reference_greedy(lm, ids: list[int], n: int) -> list[int]:
-    """Greedy decoding by full forward passes without cache, one prompt at a time."""
+def reference_greedy(lm, ids: list[int], n: int, soft: torch.Tensor | None = None) -> list[int]:
+    """Greedy decoding by full forward passes without cache, one prompt at a time (the soft
+    prompt, if any, after BOS)."""
     seq = list(ids)
+    embed = lm.model.get_input_embeddings()
+    n_head = 1 if soft is not None and lm.bos_token_id is not None else 0
     with torch.no_grad():
         for _ in range(n):
-            logits = lm.model(torch.tensor([seq])).logits[0, -1]
+            tokens = torch.tensor(seq)
+            pieces = [embed(tokens[:n_head]), *([soft] if soft is not None else []), embed(tokens[n_head:])]
+            logits = lm.model(inputs_embeds=torch.cat(pieces)[None]).logits[0, -1]
             seq.append(int(logits.argmax()))
     return seq[len(ids) :]
 

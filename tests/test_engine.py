@@ -173,7 +173,7 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     engine = Engine(tiny_lm)
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
     shared = engine._encode_prefix(prompts, within_window=None)
-    assert (shared is not None) == bool(prefix)  # on the tiny gemma3, rows outgrow its window past the prefix
+    assert (shared is not None) == bool(prefix)
     decoder = _Decoder(engine, prompts, ["\x00never"], 6)
 
     def step(pool):
@@ -200,6 +200,13 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     assert [(c.text, c.tokens) for c in decoder.results] == [(c.text, c.tokens) for c in expected]
 
 
+def _greedy_until_eos(lm, prompt: list[int], n: int, soft: torch.Tensor | None = None) -> list[int]:
+    """Uncached greedy decoding's tokens, up to the end of sequence (which a completion omits)."""
+    tokens = reference_greedy(lm, prompt, n, soft)
+    ends = [i for i, t in enumerate(tokens) if t in lm.eos_token_ids]
+    return tokens[: ends[0]] if ends else tokens
+
+
 def test_a_shared_prefix_longer_than_a_sliding_window(tiny_lm):
     """Rows after a shared prefix longer than the tiny gemma3's 32-token window (its sliding
     layers keep the prefix's last slots only) decode as plain greedy decoding does."""
@@ -207,18 +214,55 @@ def test_a_shared_prefix_longer_than_a_sliding_window(tiny_lm):
     engine = Engine(tiny_lm)
     assert engine._encode_prefix(prompts, within_window=None).length > 32
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=8)
-    expected = []
-    for p in prompts:
-        tokens = reference_greedy(tiny_lm, p, 8)
-        ends = [i for i, t in enumerate(tokens) if t in tiny_lm.eos_token_ids]
-        expected.append(tokens[: ends[0]] if ends else tokens)
+    expected = [_greedy_until_eos(tiny_lm, p, 8) for p in prompts]
     assert [c.tokens for c in completions] == expected
 
 
-def _oracle_drafts(monkeypatch, lm, prompts: list[list[int]], n: int) -> None:
+def test_a_soft_prompt_after_a_shared_prefix_with_drafts_decodes_as_greedy_decoding(tiny_lm, monkeypatch):
+    """A soft prompt inside a shared prefix longer than the tiny gemma3's window, rows growing
+    further past it, drafts kept and rejected: every completion is uncached greedy decoding's."""
+    from softeval.softprompt import initial_vectors
+
+    soft = initial_vectors(tiny_lm, 3, "vocab")
+    prompts = [prompt_ids(tiny_lm, SHARED * 3 + t) for t in TEXTS]
+    expected = [_greedy_until_eos(tiny_lm, p, 24, soft) for p in prompts]
+    _oracle_drafts(monkeypatch, tiny_lm, prompts, 24, soft)
+    engine = Engine(tiny_lm, soft_prompt=soft)
+    assert engine._encode_prefix(prompts, within_window=None).length > 32
+    completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=24)
+    assert [c.tokens for c in completions] == expected
+    assert 0 < engine.drafts_accepted < engine.drafts_proposed
+
+
+def test_capped_attention_scores_keep_the_shared_prefix_in_each_row(tokenizer_dirs, tmp_path):
+    """Gemma 2 caps its attention scores, so it runs eager attention (transformers' SDPA cannot
+    cap them), and the shared-prefix attention does not cap either: its rows keep the prefix in
+    their own caches, and decode as plain greedy decoding does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma2Config
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["gemma3"])
+    config = Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=32, attn_logit_softcapping=50.0,
+        initializer_range=0.3, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path), device="cpu")
+    prompts = [prompt_ids(lm, SHARED + t) for t in TEXTS]
+    engine = Engine(lm)
+    assert not engine.prefix_apart and engine._encode_prefix(prompts, within_window=None) is not None
+    completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=6)
+    expected = [_greedy_until_eos(lm, p, 6) for p in prompts]
+    assert [c.tokens for c in completions] == expected
+
+
+def _oracle_drafts(monkeypatch, lm, prompts: list[list[int]], n: int, soft: torch.Tensor | None = None) -> None:
     """Drafts taken from each row's true greedy continuation (end of sequence included), with
     a wrong token halfway into every other draft: the engine must keep exactly the right ones."""
-    truth = {tuple(p): reference_greedy(lm, p, n) for p in prompts}
+    truth = {tuple(p): reference_greedy(lm, p, n, soft) for p in prompts}
 
     def draft(self, completion: list[int], k: int) -> list[int]:
         tokens = truth[tuple(self.sequence[: self.prompt_length])][len(completion) : len(completion) + k]
@@ -238,11 +282,7 @@ def test_drafted_decoding_keeps_the_greedy_tokens(tiny_lm, monkeypatch):
     _oracle_drafts(monkeypatch, tiny_lm, prompts, 24)
     engine = Engine(tiny_lm)
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=24)
-    expected = []
-    for p in prompts:
-        tokens = reference_greedy(tiny_lm, p, 24)
-        ends = [i for i, t in enumerate(tokens) if t in tiny_lm.eos_token_ids]
-        expected.append(tokens[: ends[0]] if ends else tokens)
+    expected = [_greedy_until_eos(tiny_lm, p, 24) for p in prompts]
     assert [c.tokens for c in completions] == expected
     assert 0 < engine.drafts_accepted < engine.drafts_proposed
 
@@ -350,6 +390,21 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     assert drained and all(slots - live <= live for live, slots in drained)
     assert idle_positions_moved and not any(idle_positions_moved)
 
+
+def test_a_pool_keeps_its_slots_while_prompts_are_queued(tiny_llama, monkeypatch):
+    """A pool whose cache runs out of room is repacked with new room; while prompts are still
+    queued, it keeps its idle slots for them (too few to join yet), so the pool does not shrink
+    at every repack."""
+    monkeypatch.setattr(engine_module, "DECODE_ROOM", 3)
+    # numbered prompts stop one by one ("x" is rare), copies of a prompt all at once
+    prompts = [prompt_ids(tiny_llama, f"{i}. {TEXTS[i % len(TEXTS)]}") for i in range(96)]
+    alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["x"], max_new_tokens=24)
+    steps = _record_pools(monkeypatch)
+    completions = Engine(tiny_llama, batch_size=64).generate(prompts, stop=["x"], max_new_tokens=24)
+    assert [c.tokens for c in completions] == [c.tokens for c in alone]
+    queued = [(live, slots) for finished, live, slots, _ in steps if finished + live < len(prompts)]
+    assert any(live < slots for live, slots in queued)  # idle slots waited for rows to join
+    assert all(slots == 64 for _, slots in queued)
 
 def test_streamed_text_is_the_decoding_of_all_tokens(tokenizer_dirs):
     """The incremental text equals a full decode after every token, on random token streams that

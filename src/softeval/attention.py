@@ -75,7 +75,8 @@ def shared_prefix_attention(query, key, value, mask, prefix_keys, prefix_values,
     where `prefix_mask` (batch, 1, queries, prefix) is True) followed by each row's own `key`
     and `value` (batch, kv heads, keys, dim) under `mask` (batch, 1, queries, keys; True where a
     query attends, None for causal attention with the queries last). Every query attends to
-    some key: its own, at least. Returns (batch, queries, heads, dim), as transformers'
+    some key of one part or the other (a left-padding query sits at the prefix's last position,
+    so it sees the prefix). Returns (batch, queries, heads, dim), as transformers'
     attention functions do.
 
     Each part is attended to on its own, then the two are weighed by the log-sum-exp of their
@@ -102,7 +103,7 @@ def shared_prefix_attention(query, key, value, mask, prefix_keys, prefix_values,
     own_out, own_lse = attend(stacked, key, value, own_mask, scale)
     if own_mask is not None:  # a padding query attends to none of its row's keys, only the prefix
         own_lse = own_lse.masked_fill(~own_mask.any(-1), float("-inf"))
-    top = torch.maximum(prefix_lse, own_lse)  # finite: every query attends to some key
+    top = torch.maximum(prefix_lse, own_lse)  # finite: every query attends to some key of either part
     prefix_weight, own_weight = (prefix_lse - top).exp()[..., None], (own_lse - top).exp()[..., None]
     out = (prefix_out.float() * prefix_weight + own_out.float() * own_weight) / (prefix_weight + own_weight)
     return out.to(query.dtype).reshape(batch, heads, queries, dim).transpose(1, 2).contiguous()
@@ -122,13 +123,15 @@ def _attend_flash(query, key, value, mask, scale) -> tuple[torch.Tensor, torch.T
 
 
 def _attend(query, key, value, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """What `_attend_flash` computes, in plain matrix products and a softmax (any device)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    """What `_attend_flash` computes, in plain matrix products and a softmax (any device), in
+    float32 as SDPA's kernels accumulate: half-precision scores would round before the softmax
+    (and can overflow in float16)."""
+    scores = torch.matmul(query.float() * scale, key.float().transpose(-1, -2))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     weights = (scores - lse[..., None]).exp().nan_to_num(0.0)  # a query with no key: zeros
-    return torch.matmul(weights.to(value.dtype), value), lse
+    return torch.matmul(weights, value.float()), lse
 
 
 def _stacked_mask(mask: torch.Tensor, groups: int, queries: int) -> torch.Tensor:

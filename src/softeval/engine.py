@@ -121,6 +121,14 @@ class Engine:
             )
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         self.softcap = float(softcap) if softcap else None
+        # Generation keeps a shared prefix apart from the rows' caches when the engine's SDPA
+        # function can attend to it: not with eager attention, capped attention scores (Gemma 2)
+        # or sliding layers other than one window counted in positions (chunked attention).
+        self.prefix_apart = (
+            self.attention == "sdpa"
+            and not getattr(self.text_config, "attn_logit_softcapping", None)
+            and (self.slides or not any(self.sliding_layers))
+        )
         # positions run through the transformer and through the LM head, padding included:
         # the work actually done, for throughput figures
         self.positions_computed = 0
@@ -151,8 +159,7 @@ class Engine:
         several tokens a step."""
         decoder = _Decoder(self, prompts, stop, max_new_tokens)
         room = min(DECODE_ROOM, max_new_tokens)
-        # a shared prefix is attended to through the engine's own SDPA function (eager attention: none)
-        prefix = self._encode_prefix(prompts, within_window=None) if self.attention == "sdpa" else None
+        prefix = self._encode_prefix(prompts, within_window=None) if self.prefix_apart else None
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
@@ -163,7 +170,8 @@ class Engine:
             if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
                 pool = self._admit(pool, arrivals, prompts, prefix, room, needed)
             elif self._wasteful(pool) or pool.room() < needed:
-                pool = self._repack(pool, room)  # drop idle slots and rejected drafts' columns, make room
+                # drop rejected drafts' columns and make room; idle slots stay while rows may join
+                pool = self._repack(pool, room, free=pool.idle if queue else 0)
             elif not queue and pool.idle >= max(1, int(JOIN_SHARE * len(pool.rows))):
                 pool.compact()  # no row will join: drop the idle slots
             # columns no row attends to any more, left of every row, are not read again; queued
@@ -299,7 +307,7 @@ class Engine:
         and no option needs a copy of its cache."""
         results: list[list[float] | None] = [None] * len(clozes)
         tails = [_tail(c) for c in clozes]
-        # window masks count positions, so only the prefix itself has to fit a window: no horizon
+        # the options add no tokens after the longest context: no horizon
         prefix = self._encode_prefix([c.context_ids for c in clozes], within_window=0)
         for batch in self._length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
             for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], [tails[i] for i in batch], prefix)):
@@ -672,7 +680,7 @@ class _GrowingLayer(DynamicLayer):
         self.keys, self.values = self.key_room[:, :, : self.length], self.value_room[:, :, : self.length]
 
     def _unsupported(self, *args, **kwargs):
-        raise NotImplementedError("a decoding pool's cache changes its rows only by merging pools")
+        raise NotImplementedError("a decoding pool's cache changes its rows only through the engine (repack, compact, trim)")
 
     crop = reorder_cache = batch_select_indices = batch_repeat_interleave = _unsupported
 
@@ -720,7 +728,7 @@ class _Decoder:
     def step(self, pool: _Pool, advance: Advance, speculate: bool = False) -> _Pool | None:
         """Record each live row's confirmed drafts and chosen token; finished rows free their
         slot; the pool advances by one token, and by the drafts the model confirms when
-        `speculate` (idle slots advance too, until a row is encoded into them or a repack drops them)."""
+        `speculate` (idle slots advance too, until a row is encoded into them or the pool drops them)."""
         finished = 0
         for slot, (i, token) in enumerate(zip(pool.rows, pool.next_tokens.tolist())):
             if i is not None and self._record(i, pool.verified[slot] + [token]):
