@@ -174,7 +174,7 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
     shared = engine._encode_prefix(prompts, within_window=None)
     assert (shared is not None) == bool(prefix)
-    decoder = _Decoder(engine, prompts, ["\x00never"], 6)
+    decoder = _Decoder(engine, prompts, ["\x00never"], 6, shared)
 
     def step(pool):
         return decoder.step(pool, lambda n: None)

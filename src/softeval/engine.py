@@ -157,9 +157,9 @@ class Engine:
         the rows, serves a nearly full pool until the queue drains; from then on, freed slots are
         dropped. Steps then also verify draft tokens (see `_Decoder`), which take the last rows
         several tokens a step."""
-        decoder = _Decoder(self, prompts, stop, max_new_tokens)
-        room = min(DECODE_ROOM, max_new_tokens)
         prefix = self._encode_prefix(prompts, within_window=None) if self.prefix_apart else None
+        decoder = _Decoder(self, prompts, stop, max_new_tokens, prefix)
+        room = min(DECODE_ROOM, max_new_tokens)
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
@@ -228,7 +228,7 @@ class Engine:
         widths = [max(self._own_width(prompts[i], prefix) for i in batch) for batch in batches]
         joining = sum(map(len, batches))
         if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
-            pool = self._repack(pool, room, free=joining, width=max(widths), prefix=prefix)
+            pool = self._repack(pool, room, free=joining, width=max(widths))
         idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
         for batch in batches:
             self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix)
@@ -259,13 +259,12 @@ class Engine:
         write_back()
         pool.take(slots, batch, _pad_left(mask, pool.width), positions[:, -1:], self.logits(hidden).argmax(-1))
 
-    def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0, prefix: SharedPrefix | None = None) -> _Pool:
+    def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
         """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
         about to be encoded into it: as wide as `width` or the columns the live rows span, with
         room for `room` more tokens, so decode steps write into place instead of copying the
         cache. Each live row keeps only the columns it attends to, right-aligned, zeros to
-        their left (a pool with holes from rejected drafts is compacted). A new pool's rows
-        share `prefix`; a repacked one keeps the prefix of `pool`."""
+        their left (a pool with holes from rejected drafts is compacted)."""
         part = None if pool is None else _RepackPart.of(pool, self.device)
         live = 0 if part is None else len(part.keep)
         width = max(width, 0 if part is None else part.mask.shape[1])
@@ -293,7 +292,7 @@ class Engine:
             positions[:live], next_tokens[:live] = pool.positions[part.keep], pool.next_tokens[part.keep]
             for slot, old in enumerate(part.keep.tolist()):
                 rows[slot], verified[slot] = pool.rows[old], pool.verified[old]
-        return _Pool(rows, cache, mask, positions, next_tokens, verified, prefix=prefix if pool is None else pool.prefix)
+        return _Pool(rows, cache, mask, positions, next_tokens, verified)
 
     # --- loglikelihood ----------------------------------------------------------------------------
 
@@ -530,7 +529,6 @@ class _Pool:
     next_tokens: torch.Tensor  # (rows,)
     verified: list[list[int]] | None = None
     holes: bool = False  # whether a row attends to fewer columns than it spans (rejected drafts)
-    prefix: SharedPrefix | None = None  # the prefix every row starts with, kept apart from `cache`
 
     def __post_init__(self):
         if self.verified is None:
@@ -647,7 +645,7 @@ class _GrowingLayer(DynamicLayer):
         super().__init__()
         self.is_initialized, self.device, self.is_sliding = True, key_room.device, is_sliding
         self.key_room, self.value_room, self.length = key_room, value_room, length
-        self.keys, self.values = key_room[:, :, :length], value_room[:, :, :length]
+        self._view_filled()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         end = self.length + key_states.shape[-2]
@@ -657,7 +655,7 @@ class _GrowingLayer(DynamicLayer):
         self.key_room[:, :, self.length : end] = key_states
         self.value_room[:, :, self.length : end] = value_states
         self.length = end
-        self.keys, self.values = self.key_room[:, :, :end], self.value_room[:, :, :end]
+        self._view_filled()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -671,12 +669,16 @@ class _GrowingLayer(DynamicLayer):
     def keep_rows(self, rows: int) -> None:
         """Keep the first `rows` rows (a view, no copy)."""
         self.key_room, self.value_room = self.key_room[:rows], self.value_room[:rows]
-        self.keys, self.values = self.key_room[:, :, : self.length], self.value_room[:, :, : self.length]
+        self._view_filled()
 
     def drop_left(self, columns: int) -> None:
         """Forget the first `columns` slots (a view of the rest, no copy)."""
         self.key_room, self.value_room = self.key_room[:, :, columns:], self.value_room[:, :, columns:]
         self.length -= columns
+        self._view_filled()
+
+    def _view_filled(self) -> None:
+        """`keys` and `values`: views of the slots filled so far."""
         self.keys, self.values = self.key_room[:, :, : self.length], self.value_room[:, :, : self.length]
 
     def _unsupported(self, *args, **kwargs):
@@ -716,10 +718,14 @@ def _slot_cache(pool: _Pool, slots: list[int], start: int) -> tuple[DynamicCache
 
 
 class _Decoder:
-    """Greedy decoding steps over a pool, recording each row's completion when it ends."""
+    """Greedy decoding steps over a pool, recording each row's completion when it ends. With
+    `prefix`, the pool's cache holds each row's tokens after the prefix, which every row attends
+    to as well."""
 
-    def __init__(self, engine: Engine, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int):
-        self.engine, self.prompts, self.max_new_tokens = engine, prompts, max_new_tokens
+    def __init__(
+        self, engine: Engine, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int, prefix: SharedPrefix | None = None
+    ):
+        self.engine, self.prompts, self.max_new_tokens, self.prefix = engine, prompts, max_new_tokens, prefix
         self.eos = set(engine.lm.eos_token_ids)
         self.texts = [_TextStream(engine.lm.tokenizer, stop) for _ in prompts]
         self.lookups: dict[int, _PromptLookup] = {}  # rows that have drafted
@@ -792,7 +798,7 @@ class _Decoder:
         is_live = torch.zeros_like(pool.positions)
         is_live[live] = 1
         positions = pool.positions + is_live * fed.to(pool.positions.device).cumsum(1)
-        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache, pool.prefix)
+        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache, self.prefix)
         # vocabulary logits only where a live row chooses a token: after its token and each draft
         picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
         slots, columns = (torch.tensor(index, device=engine.device) for index in zip(*picks))
@@ -814,7 +820,7 @@ class _Decoder:
             if 1 + kept < new:
                 mask[slot, width + 1 + kept :] = 0
                 holes = True
-        return _Pool(pool.rows, pool.cache, mask, last, next_tokens, verified, holes, pool.prefix)
+        return _Pool(pool.rows, pool.cache, mask, last, next_tokens, verified, holes)
 
 
 class _PromptLookup:
