@@ -13,6 +13,9 @@ lm-evaluation-harness runs at --lm-eval-batch-size (16). It prints wall time for
 on >= 99% of rows, every difference at a near-tie: top-2 logit gap under 1e-3 at the first differing
 token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuning step, the achieved
 GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
+With --rounds N, both sides of each comparison run N times in turns (softeval first, then lm-eval
+first, ...); the times are medians, the speed-up the median of each round's ratio, and softeval's
+results must be the same in every round.
 
 The part `long` (not run by default) times one long prompt among short ones: ARC-Easy generation on
 30 rows, one of which shows as many demonstrations as fit near the model's context length (or
@@ -37,10 +40,12 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -109,6 +114,55 @@ class FlopCounter:
         return 2 * self.body * tokens + 2 * self.head * logit_rows
 
 
+@dataclass
+class Alternated:
+    """Both sides of a comparison timed in turns: each side's median seconds, the ratio of each
+    round (lm-eval's time over softeval's, the two runs of a round being adjacent in time), each
+    side's result from its last run, and whether softeval's results were the same every round."""
+
+    ours_s: float
+    theirs_s: float
+    ratios: list[float]
+    ours: object
+    theirs: object
+    consistent: bool
+
+    def figures(self) -> dict:
+        return {
+            "softeval_s": self.ours_s,
+            "lm_eval_s": self.theirs_s,
+            "speedup": statistics.median(self.ratios),
+            "round_speedups": self.ratios,
+        }
+
+    @property
+    def consistency(self) -> str:
+        if len(self.ratios) == 1:
+            return ""
+        return "; softeval's results the same in every round" if self.consistent else "; softeval's results CHANGED between rounds"
+
+
+def alternate(rounds: int, ours, theirs, same=lambda a, b: a[1] == b[1]) -> Alternated:
+    """Run `ours` (returning softeval's result, timed here) and `theirs` (returning lm-eval's
+    output and seconds, as `run_lm_eval` does) `rounds` times each, in turns: softeval first in
+    even rounds, lm-eval first in odd ones. This machine's speed drifts by
+    tens of percent within minutes, so one pair of runs, always in the same order, would count
+    the drift as a difference between the two."""
+    ours_s, theirs_s, ours_results, theirs_out = [], [], [], None
+    for r in range(rounds):
+        for side in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
+            if side == "ours":
+                start = time.perf_counter()
+                ours_results.append(ours())
+                ours_s.append(time.perf_counter() - start)
+            else:
+                theirs_out, seconds = theirs()  # run_lm_eval times lm-eval itself
+                theirs_s.append(seconds)
+    ratios = [t / o for o, t in zip(ours_s, theirs_s)]
+    consistent = all(same(ours_results[0], other) for other in ours_results[1:])
+    return Alternated(statistics.median(ours_s), statistics.median(theirs_s), ratios, ours_results[-1], theirs_out, consistent)
+
+
 def lm_eval_model(folder: Path, batch_size: int):
     from lm_eval.models.huggingface import HFLM
 
@@ -126,56 +180,60 @@ def run_lm_eval(model, task_yaml: str, name: str, log_samples: bool = False):
         return out, time.perf_counter() - start
 
 
-def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float) -> dict:
+def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float, rounds: int = 1) -> dict:
     spec = load_task("arc_easy")
     examples = load_examples(spec, "test", data_dir)[:rows]
-    start = time.perf_counter()
-    builder = PromptBuilder(spec, lm)
-    clozes = [builder.cloze(e) for e in examples]
-    engine = Engine(lm, batch_size=batch_size)
-    scores = engine.loglikelihood(clozes)
-    ours_s = time.perf_counter() - start
-    ours_acc = sum(score_sample(spec.format, e, "", s).knowledge_correct for e, s in zip(examples, scores)) / len(examples)
+
+    def ours():
+        builder = PromptBuilder(spec, lm)
+        clozes = [builder.cloze(e) for e in examples]
+        engine = Engine(lm, batch_size=batch_size)
+        return engine, engine.loglikelihood(clozes)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
         lines = (data_dir / "allenai/ai2_arc/ARC-Easy/test.jsonl").read_text().splitlines()[:rows]
         data.write_text("\n".join(lines) + "\n")
-        out, theirs_s = run_lm_eval(hflm, MC_TASK.format(data=data), "bench_mc")
+        timing = alternate(rounds, ours, lambda: run_lm_eval(hflm, MC_TASK.format(data=data), "bench_mc"))
+    (engine, scores), out = timing.ours, timing.theirs
+    ours_acc = sum(score_sample(spec.format, e, "", s).knowledge_correct for e, s in zip(examples, scores)) / len(examples)
     theirs_acc = out["results"]["bench_mc"]["acc_norm,none"]
 
-    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / ours_s / 1e9
+    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / timing.ours_s / 1e9
     return {
         "mode": "mc-loglikelihood arc_easy",
         "rows": rows,
-        "softeval_s": ours_s,
-        "lm_eval_s": theirs_s,
-        "speedup": theirs_s / ours_s,
-        "agreement": f"acc_norm {100 * ours_acc:.2f} vs {100 * theirs_acc:.2f}",
-        "agree_ok": abs(ours_acc - theirs_acc) * 100 <= 0.5,
+        **timing.figures(),
+        "agreement": f"acc_norm {100 * ours_acc:.2f} vs {100 * theirs_acc:.2f}" + timing.consistency,
+        "agree_ok": abs(ours_acc - theirs_acc) * 100 <= 0.5 and timing.consistent,
         "gflops": gflops,
         "peak_share": gflops / peak,
     }
 
 
-def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float, shots: int = 0) -> dict:
+def bench_generation(
+    lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float, shots: int = 0, rounds: int = 1
+) -> dict:
     spec = load_task(task)
     examples = load_examples(spec, spec.dataset.eval_split, data_dir)[:rows]
     # the same demonstrations for every row, as `softeval eval --method few-shot` picks them
     demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed=0) if shots else []
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, reserve=spec.max_new_tokens)
     prompts = [builder.generation(e) for e in examples]
-    start = time.perf_counter()
-    engine = Engine(lm, batch_size=batch_size)
-    completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
-    ours_s = time.perf_counter() - start
+
+    def ours():
+        engine = Engine(lm, batch_size=batch_size)
+        return engine, engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
         data.write_text("".join(json.dumps({"prompt": p.text, "target": e.answer}) + "\n" for p, e in zip(prompts, examples)))
         name = f"bench_gen_{task}_{shots}shot"
         yaml = GEN_TASK.format(name=name, data=data, until=json.dumps(spec.stop), max_new=spec.max_new_tokens)
-        out, theirs_s = run_lm_eval(hflm, yaml, name, log_samples=True)
+        timing = alternate(
+            rounds, ours, lambda: run_lm_eval(hflm, yaml, name, log_samples=True), same=lambda a, b: [c.tokens for c in a[1]] == [c.tokens for c in b[1]]
+        )
+    (engine, completions), out = timing.ours, timing.theirs
     theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
 
     # lm-eval cuts at the first stop string anywhere; softeval only once the answer has begun, so a
@@ -186,16 +244,14 @@ def bench_generation(lm, hflm, task: str, data_dir: Path, rows: int, batch_size:
     # draft positions that kept no token, and the logits after rejected drafts, are not counted
     positions = engine.positions_computed - engine.draft_positions_discarded
     logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
-    gflops = flops.forward(positions, logit_rows) / ours_s / 1e9
+    gflops = flops.forward(positions, logit_rows) / timing.ours_s / 1e9
     return {
         "mode": f"generation {task}" + (f" {shots}-shot" if shots else ""),
         "rows": rows,
-        "softeval_s": ours_s,
-        "lm_eval_s": theirs_s,
-        "speedup": theirs_s / ours_s,
+        **timing.figures(),
         "agreement": f"identical {100 * same:.1f}%, differing rows' top-2 gaps {[round(g, 6) for g in gaps]}"
-        f"; drafts kept {engine.drafts_accepted} of {engine.drafts_proposed}",
-        "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps),
+        f"; drafts kept {engine.drafts_accepted} of {engine.drafts_proposed}" + timing.consistency,
+        "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps) and timing.consistent,
         "gflops": gflops,
         "peak_share": gflops / peak,
     }
@@ -340,6 +396,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="softeval's most rows per batch (default: its budgets decide)")
     parser.add_argument("--lm-eval-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side of the mc, gen and fewshot parts, in turns; medians are reported")
     parser.add_argument("--parts", default="mc,gen,tune")
     parser.add_argument("--gen-tasks", default="gsm8k,arc_easy")
     parser.add_argument("--fewshot-rows", type=int, default=50, help="rows of the few-shot part (GSM8K, 5 demonstrations)")
@@ -361,12 +418,12 @@ def main() -> None:
         hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen", "fewshot"} else None
         rows = []
         if "mc" in parts:
-            rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak))
+            rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak, args.rounds))
         if "gen" in parts:
             for task in args.gen_tasks.split(","):
-                rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak))
+                rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak, rounds=args.rounds))
         if "fewshot" in parts:
-            rows.append(bench_generation(lm, hflm, "gsm8k", args.data_dir, args.fewshot_rows, args.batch_size, flops, peak, shots=5))
+            rows.append(bench_generation(lm, hflm, "gsm8k", args.data_dir, args.fewshot_rows, args.batch_size, flops, peak, shots=5, rounds=args.rounds))
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
         if "long" in parts:
@@ -384,7 +441,9 @@ def main() -> None:
                 row["peak_share"] = row["gflops"] / peak
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
             if "lm_eval_s" in row:
-                line += f" | lm-eval {row['lm_eval_s']:8.2f} s | {row['speedup']:.2f}x | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
+                rounds = row["round_speedups"]
+                each = f" (rounds {', '.join(f'{r:.2f}x' for r in rounds)})" if len(rounds) > 1 else ""
+                line += f" | lm-eval {row['lm_eval_s']:8.2f} s | {row['speedup']:.2f}x{each} | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
             if "batch1_s" in row:
                 padded = row["padded_positions"]
                 line += (
