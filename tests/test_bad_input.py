@@ -173,6 +173,7 @@ def test_model_path_that_does_not_exist(tmp_path, monkeypatch, capsys, no_model_
         # an evaluated example is never its own demonstration: a shared split of 6 rows gives 5
         (["--method", "few-shot", "--k", "6"], "--k 6 is more demonstrations than task capitals's few-shot split 'test' can give (6 rows, shared with evaluation); use --k 5 or fewer"),
         (["--method", "soft-prompt"], "--method soft-prompt needs a tuned prompt (--prompt PATH)"),
+        (["--seed", "-1"], "Invalid value for '--seed'"),
     ],
 )
 def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, expected):
@@ -188,6 +189,11 @@ def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, exp
         ("tune", ["--steps", "0"], "Invalid value for '--steps'"),
         ("tune", ["--tune-batch-size", "0"], "Invalid value for '--tune-batch-size'"),
         ("tune", ["--lr", "0"], "--lr: input should be greater than 0"),
+        ("tune", ["--lr", "inf"], "--lr: input should be a finite number"),
+        ("run", ["--lr", "nan"], "--lr: input should be a finite number"),
+        ("run", ["--lora-lr", "inf"], "--lora-lr: input should be a finite number"),
+        ("tune", ["--seed", "-1"], "Invalid value for '--seed'"),
+        ("run", ["--seed", "-1"], "Invalid value for '--seed'"),
         ("run", ["--steps", "-1"], "Invalid value for '--steps'"),
         ("run", ["--limit", "0"], "Invalid value for '--limit'"),
         ("run", ["--k", "100"], "--k 100 is more demonstrations"),

@@ -10,12 +10,14 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import STUDY_ROWS, write_study
 from typer.testing import CliRunner
 
 from softeval.cli import app
+from softeval.page import outcome
 
 # a row whose text tries to end the page's data block and run a script of its own
 HOSTILE = {"q": 'Capital of </script><script>document.title="pwned"</script><!-- France?', "a": "Paris", "b": "Rome", "gold": 0}
@@ -129,3 +131,11 @@ def test_sample_filters_change_the_visible_rows(study_page, browser):
     page.click("#page-next")
     assert page.locator("#page-label").inner_text().startswith("page 2 of")
     assert page.errors == []
+
+
+def test_a_conflict_is_its_own_outcome_as_in_the_diagnostics_table():
+    def sample(status, format_ok=False, correct=False):
+        return SimpleNamespace(task_correct=correct, lenient_status=status, format_ok=format_ok)
+
+    assert [outcome(sample(s)) for s in ("conflict", "ambiguous", "no_answer")] == ["conflict", "ambiguous", "format failure"]
+    assert outcome(sample("answer", format_ok=True)) == "wrong" and outcome(sample("answer", True, True)) == "correct"

@@ -170,6 +170,26 @@ def test_a_non_finite_gradient_stops_before_anything_is_written(tmp_path, tiny_l
     assert not (out / "checkpoint.safetensors").exists() and not (out / "soft_prompt.safetensors").exists()
 
 
+def test_a_non_finite_validation_loss_stops_before_anything_is_written(tmp_path, tiny_llama, monkeypatch):
+    """The last step's loss and gradient were finite, but the prompt it left overflows the model
+    (as a learning rate near float32's limit does): it would otherwise be saved and scored as if
+    it were a tuned prompt."""
+    spec = _task(tmp_path)
+    original = Tuner.validate
+    calls = []
+
+    def overflowing_after_tuning(self, bars=None):
+        metrics = original(self, bars)
+        calls.append(1)
+        return metrics if len(calls) == 1 else {**metrics, "val_loss": float("nan")}  # the untuned start is fine
+
+    monkeypatch.setattr(Tuner, "validate", overflowing_after_tuning)
+    out = tmp_path / "overflow"
+    with pytest.raises(SoftevalError, match="the validation loss became nan after step 1; lower --lr"):
+        tune(tiny_llama, spec, TuneConfig(steps=1, length=4, val_size=4), output=out, progress=False)
+    assert not (out / "checkpoint.safetensors").exists() and not (out / "soft_prompt.safetensors").exists()
+
+
 def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeypatch):
     """Batch of mixed lengths with a soft prompt, in micro-batches of one row and chunks of 3 target
     tokens: the same loss and gradient as each example's target cross-entropy from one unpadded

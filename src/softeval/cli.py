@@ -57,6 +57,7 @@ Limit = Annotated[int | None, typer.Option(min=1, help="Evaluate a fixed, seeded
 Shots = Annotated[int, typer.Option(min=1, help="Demonstrations for few-shot.")]
 BatchSize = Annotated[int | None, typer.Option(min=1, help="The most rows per evaluation batch (default: as many as the token and KV-cache budgets allow).")]
 Steps = Annotated[int, typer.Option(min=1, help="Tuning steps.")]
+Seed = Annotated[int, typer.Option(min=0, help="Seeds the row subset, demonstrations, tuning batches and bootstrap intervals.")]
 
 DEBUG_ENV = "SOFTEVAL_DEBUG"
 log = logging.getLogger("softeval")
@@ -194,7 +195,7 @@ def eval_command(
     k: Shots = 5,
     prompt: Annotated[Path | None, typer.Option(help="Tuned soft prompt (file or tune folder) for --method soft-prompt.")] = None,
     limit: Limit = None,
-    seed: int = 0,
+    seed: Seed = 0,
     batch_size: BatchSize = None,
     force: Force = False,
     data_dir: DataDir = None,
@@ -231,7 +232,7 @@ def run_command(
     val_size: Annotated[int, typer.Option(min=1, help="Validation rows scored during tuning.")] = TUNE.val_size,
     sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick the soft prompt's lr and init from a small grid first.")] = False,
     sweep_steps: Annotated[int, typer.Option(min=1, help="Steps per sweep trial.")] = 40,
-    seed: int = 0,
+    seed: Seed = 0,
     batch_size: BatchSize = None,
     force: Force = False,
     ray: Ray = None,
@@ -317,7 +318,7 @@ def tune_command(
     sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick lr and init from a small grid first.")] = False,
     sweep_steps: Annotated[int, typer.Option(min=1, help="Steps per sweep trial.")] = 40,
     export_peft_to: Annotated[Path | None, typer.Option("--export-peft", help="Also write a PEFT adapter folder.")] = None,
-    seed: int = 0,
+    seed: Seed = 0,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
 ) -> None:

@@ -282,12 +282,13 @@ def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:
 
 
 def outcome(sample) -> str:
-    """correct, wrong (in the format but not right), ambiguous (several answers or a conflict)
-    or format failure (no answer the strict parser accepts)."""
+    """correct, wrong (in the format but not right), ambiguous (several answers), conflict (one
+    option's letter with another's text; the diagnostics table counts both apart) or format failure (no
+    answer the strict parser accepts)."""
     if sample.task_correct:
         return "correct"
     if sample.lenient_status in ("ambiguous", "conflict"):
-        return "ambiguous"
+        return sample.lenient_status
     return "wrong" if sample.format_ok else "format failure"
 
 

@@ -53,7 +53,7 @@ class LoraSettings(BaseModel):
     rank: int = Field(8, gt=0)
     alpha: int = Field(16, gt=0)
     targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    lr: float = Field(1e-3, gt=0)  # adapters take a smaller step than prompt vectors
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # adapters take a smaller step than prompt vectors
 
 
 class Reference(BaseModel):
@@ -92,7 +92,7 @@ class Study(BaseModel):
     chat: bool = False  # also run post-trained models with their chat template
     k: int = Field(5, ge=1)
     limit: int | None = Field(None, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy's generators take no negative seeds
     batch_size: int | None = Field(None, ge=1)  # None: batches sized by the engine's budgets
     tuning: TuneConfig = TuneConfig()
     lora: LoraSettings = LoraSettings()

@@ -62,11 +62,11 @@ class TuneConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a default
     steps: int = Field(120, gt=0)
     batch_size: int = Field(8, gt=0)
-    lr: float = Field(0.01, gt=0)
+    lr: float = Field(0.01, gt=0, allow_inf_nan=False)
     length: int = Field(10, gt=0)
     init: Init = "vocab"
     init_text: str | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy's generators take no negative seeds
     eval_every: int = Field(10, gt=0)
     val_size: int = Field(64, gt=0)
     max_grad_norm: float = 1.0
@@ -389,6 +389,10 @@ def _train(tuner: Tuner, checkpoint: Path, resume: bool, progress: bool) -> RunS
             state.step = step + 1
             if state.step % config.eval_every == 0 or state.step == config.steps:
                 metrics = tuner.validate(bars)
+                # a step can throw the parameters so far that the next forward pass overflows: the
+                # last step's shows only here, and nothing would stop it from being saved
+                if not math.isfinite(metrics["val_loss"]):
+                    raise SoftevalError(f"the validation loss became {metrics['val_loss']} after step {state.step}; lower --lr")
                 state.curve.append({"step": state.step, "train_loss": sum(losses) / len(losses), **metrics})
                 losses = []
                 state.seconds += time.perf_counter() - started
