@@ -44,6 +44,27 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
     assert "| capitals |" not in (out / "comparison.md").read_text() and "## capitals" in (out / "comparison.md").read_text()
 
 
+def test_cells_of_different_task_versions_are_flagged_side_by_side(tmp_path, tiny_model_dirs):
+    """zero-shot, then few-shot after the spec changed: both rows stay in the comparison, each
+    flagged with its version, and the page lists both spec hashes."""
+    task = write_user_task(tmp_path, ROWS * 3)
+    out = tmp_path / "out"
+    model = tiny_model_dirs["llama"]
+    assert run("eval", "--model", model, "--task", task, "--output", out).exit_code == 0
+    task.write_text(task.read_text() + "instruction: Answer with a letter.\n")
+    result = run("eval", "--model", model, "--task", task, "--method", "few-shot", "--k", 2, "--output", out)
+    assert result.exit_code == 0, result.output
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert len(comparison["cells"]) == 2
+    spec_hashes = {json.loads((out / model.name / "capitals" / m / "results.json").read_text())["data"]["spec_sha256"] for m in ("zero-shot", "few-shot")}
+    assert len(spec_hashes) == 2
+    rows = [line for line in (out / "comparison.md").read_text().splitlines() if line.startswith(f"| {model} |") and "-shot |" in line]
+    flagged = [line for line in rows if "one of 2 here: rerun older cells with --force" in line]
+    assert len(flagged) == 2 and {h[:8] for h in spec_hashes} == {line.split("task version ")[1][:8] for line in flagged}
+    page = (out / "index.html").read_text()
+    assert all(h[:12] in page for h in spec_hashes)
+
+
 def test_unknown_task_fails_before_anything_is_written(tmp_path, tiny_model_dirs):
     out = tmp_path / "out"
     result = run("eval", "--model", tiny_model_dirs["llama"], "--task", "no_such_task", "--output", out)

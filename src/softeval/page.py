@@ -22,7 +22,7 @@ from jinja2 import Environment, select_autoescape
 from softeval._io import write_text_atomic
 from softeval.evaluate import EvalResult
 from softeval.metrics import METRICS
-from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement
+from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, version_flags
 from softeval.study import MODELS_FILE
 
 CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
@@ -83,13 +83,14 @@ def run_header(folder: Path, results: list[EvalResult]) -> dict:
             "role": " ".join(filter(None, [roles.get(name, {}).get("family"), roles.get(name, {}).get("role")])),
         }
         data = r.data
+        seen = tasks.get(r.config["task"], {})  # every version of spec and data the task's cells read
         tasks[r.config["task"]] = {
             "name": r.config["task"],
             "split": data.get("split", ""),
             "rows": data.get("rows", ""),
             "filtered_out": data.get("filtered_out", 0),
-            "data": _short(data.get("sha256") or data.get("source", "")),
-            "spec": _short(data.get("spec_sha256", "")),
+            "data": _with_version(seen.get("data", ""), _short(data.get("sha256") or data.get("source", ""))),
+            "spec": _with_version(seen.get("spec", ""), _short(data.get("spec_sha256", ""))),
         }
         for stage, seconds in r.timings.items():
             stages[f"evaluate: {stage}"] = stages.get(f"evaluate: {stage}", 0.0) + seconds
@@ -114,6 +115,11 @@ def run_header(folder: Path, results: list[EvalResult]) -> dict:
     }
 
 
+def _with_version(listed: str, version: str) -> str:
+    """`listed` (versions joined by ", ") with `version` added when it is new."""
+    return ", ".join(dict.fromkeys([*filter(None, listed.split(", ")), version]))
+
+
 def _short(text: str) -> str:
     """A hash cut to 12 characters; a path or id as it is."""
     return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
@@ -124,13 +130,14 @@ def _short(text: str) -> str:
 
 def task_overview(task: str, results: list[EvalResult]) -> dict:
     rows = []
+    versions = version_flags(results)
     for r in results:
         rows.append({
             "model": cell_key(r)[0],
             "method": cell_label(r.config),
             "n": len(r.samples),
             "metrics": [_metric(r.metrics[m]) for m in METRICS],
-            "flags": r.diagnostics.flags if r.diagnostics else [],
+            "flags": (r.diagnostics.flags if r.diagnostics else []) + ([versions[id(r)]] if id(r) in versions else []),
             "cost": cost(r),
         })
     return {"name": task, "rows": rows, "chart": metric_chart(task, results)}

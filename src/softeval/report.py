@@ -48,11 +48,29 @@ def flags(result) -> str:
     return "; ".join(result.diagnostics.flags) if result.diagnostics else ""
 
 
+def version_flags(results: list) -> dict[int, str]:
+    """A flag for each cell (by `id`) of a task whose cells read different versions of its spec
+    or data: their scores do not compare, whatever the table puts side by side."""
+    by_task: dict[str, list] = {}
+    for r in results:
+        by_task.setdefault(r.config["task"], []).append(r)
+    marked = {}
+    for cells in by_task.values():
+        versions = list(dict.fromkeys(evaluated_on(r) for r in cells))
+        if len(versions) < 2:
+            continue
+        for r in cells:
+            spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
+            marked[id(r)] = f"task version {spec}/{data}, one of {len(versions)} here: rerun older cells with --force"
+    return marked
+
+
 def rows(results: list) -> list[list[str]]:
+    versions = version_flags(results)
     return [
         [r.config["model"], r.config["task"], cell_label(r.config), str(len(r.samples))]
         + [format_metric(r.metrics[name]) for name in METRICS]
-        + [flags(r)]
+        + ["; ".join(filter(None, [flags(r), versions.get(id(r))]))]
         for r in results
     ]
 
@@ -242,7 +260,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "",
         "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *at chance* (task",
         "accuracy not above the chance level by its interval), *collapsed* (one option is over",
-        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more). Tuning cost:",
+        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *task version*",
+        "(the cells of a task read different versions of its spec or data, and only cells of one",
+        "version compare; the version is the spec's and the data's hash). Tuning cost:",
         "trainable parameters and tuning seconds. Paired differences are in percentage points on the",
         "rows both cells evaluated, with paired bootstrap intervals; **bold** where the interval excludes 0.",
         "",
