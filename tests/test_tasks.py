@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import ROWS, write_user_task
@@ -103,6 +104,14 @@ def test_answer_out_of_range(tmp_path):
     spec = load_task(write_user_task(tmp_path, [{**ROWS[0], "gold": 3}]))
     with pytest.raises(SoftevalError, match=r"test\.jsonl:1: answer index 3 is out of range for 2 options"):
         load_examples(spec, "test")
+
+
+@pytest.mark.parametrize(("answer", "kind"), [("q", "'Capital of France?' is a str"), ("gold / 2", "0.0 is a float")])
+def test_answer_that_is_not_an_index(tmp_path, answer, kind):
+    task = write_user_task(tmp_path, [ROWS[0]])
+    task.write_text(task.read_text().replace("answer: gold", f"answer: {answer}"))
+    with pytest.raises(SoftevalError, match=re.escape(f"test.jsonl:1: answer index {kind}, not an integer; the spec's answer field must give")):
+        load_examples(load_task(task), "test")
 
 
 def test_empty_split(tmp_path):

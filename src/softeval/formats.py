@@ -207,7 +207,12 @@ class MultipleChoice(AnswerFormat):
             raise SoftevalError(f"{source}: {len(labels)} option labels but {len(choices)} option texts; fix the row or drop it")
         if isinstance(gold, str) and gold.strip().isdigit():
             raise SoftevalError(f"{source}: answer index {gold!r} is text, not a number; add `| int` to the spec's answer field")
-        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+        if isinstance(gold, bool) or not isinstance(gold, int):
+            raise SoftevalError(
+                f"{source}: answer index {gold!r} is a {type(gold).__name__}, not an integer; "
+                "the spec's answer field must give the correct option's position (0, 1, ...)"
+            )
+        if not 0 <= gold < len(choices):
             raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
         example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]
         example.cloze_contexts, example.cloze_continuation = _partial_scoring(values, len(choices), source)
