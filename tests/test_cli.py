@@ -80,6 +80,20 @@ def test_bad_row_leaves_no_result_files(tmp_path, tiny_model_dirs):
     assert not list(out.rglob("*.json*"))
 
 
+def test_a_model_that_fails_to_load_leaves_the_folder_as_it_was(tmp_path):
+    """The file passes the checks made before any model loads (it exists, it ends in .gguf), but
+    is no GGUF: no cell finished, so there is no comparison, page or model list to write, and
+    no other cells to speak of."""
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf file")
+    task = write_user_task(tmp_path, ROWS)
+    out = tmp_path / "out"
+    result = run("eval", "--model", fake, "--task", task, "--output", out)
+    assert isinstance(result.exception, SoftevalError), result.output
+    assert str(result.exception).startswith(f"{out / 'fake' / 'capitals'} failed: ") and "other cells" not in str(result.exception)
+    assert not out.exists() or not [path for path in out.rglob("*") if path.is_file()]
+
+
 def test_unknown_model_lists_aliases(tmp_path):
     result = run("eval", "--model", "no-such-model", "--task", "arc_easy", "--output", tmp_path)
     assert "smollm2-135m-instruct" in str(result.exception) and "gemma-3-270m" in str(result.exception)

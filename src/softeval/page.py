@@ -152,7 +152,8 @@ def _metric(m) -> dict:
 
 def metric_chart(task: str, results: list[EvalResult]) -> str:
     """Grouped bars, one group per model and one bar per method, for each chart metric, with
-    95% interval whiskers; hatched bars are flagged cells (at chance or collapsed)."""
+    95% interval whiskers; hatched bars are flagged cells (at chance, collapsed, or of one of
+    several task versions)."""
     plt = _pyplot()
     models = list(dict.fromkeys(cell_key(r)[0] for r in results))
     methods = list(dict.fromkeys(cell_label(r.config) for r in results))
@@ -160,6 +161,7 @@ def metric_chart(task: str, results: list[EvalResult]) -> str:
     width = 0.8 / max(len(methods), 1)
     fig, axes = plt.subplots(1, len(CHART_METRICS), figsize=(4.2 * len(CHART_METRICS), 3.4), sharey=True)
     colours = plt.get_cmap("tab10").colors
+    versions = version_flags(results)
     for ax, metric in zip(axes, CHART_METRICS):
         for j, method in enumerate(methods):
             xs, values, errors, hatches = [], [], [[], []], []
@@ -174,7 +176,7 @@ def metric_chart(task: str, results: list[EvalResult]) -> str:
                 high = m.value if m.ci_high is None else m.ci_high
                 errors[0].append(100 * (m.value - low))
                 errors[1].append(100 * (high - m.value))
-                hatches.append("//" if r.diagnostics and r.diagnostics.flags else "")
+                hatches.append("//" if (r.diagnostics and r.diagnostics.flags) or id(r) in versions else "")
             bars = ax.bar(xs, values, width * 0.92, yerr=errors, capsize=2, color=colours[j % len(colours)], label=method,
                           error_kw={"elinewidth": 0.8, "ecolor": "#333"})
             for bar, hatch in zip(bars, hatches):

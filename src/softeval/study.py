@@ -240,7 +240,7 @@ def run_study(
     cluster, anything else is the address of a running one."""
     from softeval.page import write_page
     from softeval.rank import update_ranking
-    from softeval.report import write_comparison
+    from softeval.report import finished_cells, write_comparison
 
     output = Path(output)
     specs = [load_task(t) for t in study.tasks]
@@ -251,7 +251,6 @@ def run_study(
     soft = load_soft_prompt(prompt) if prompt is not None and "soft-prompt" in study.methods else None
     if soft is not None and soft.metadata.get("chat") and not study.chat:
         raise SoftevalError(f"{soft.name} was tuned with the chat template; add --chat to evaluate it")
-    record_models(output, study.models)
     run = dict(output=output, soft=soft, data_dir=data_dir, force=force)
     if ray is not None:
         from softeval.distributed import run_on_ray
@@ -269,14 +268,18 @@ def run_study(
                 continue
             for spec in specs:
                 reports += run_unit(lm, spec, study, role=entry.role, progress=progress, **run)
-            write_comparison(output)  # after each model: the comparison is never far behind
-    write_comparison(output)
-    update_ranking(output, study.reference)
-    write_page(output)
+            if finished_cells(output):
+                write_comparison(output)  # after each model: the comparison is never far behind
+    if finished_cells(output):  # else nothing to report, and the folder is left as it was
+        record_models(output, study.models)
+        write_comparison(output)
+        update_ranking(output, study.reference)
+        write_page(output)
     failed = [r for r in reports if r.status == "failed"]
     if failed:
         rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
-        raise SoftevalError(f"{failed[0].folder} failed: {failed[0].message}{rest}; the other cells finished and are kept by a rerun")
+        kept = "; the other cells finished and are kept by a rerun" if len(failed) < len(reports) else ""
+        raise SoftevalError(f"{failed[0].folder} failed: {failed[0].message}{rest}{kept}")
     return reports
 
 
