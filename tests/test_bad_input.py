@@ -210,6 +210,15 @@ def test_tune_and_run_options(tmp_path, monkeypatch, capsys, no_model_loading, c
 # --- the output folder ------------------------------------------------------------------------------
 
 
+def test_a_model_cache_that_is_a_file(tmp_path, monkeypatch, capsys):
+    """Found when the alias is first prepared (a model load), so the cell fails and nothing is kept."""
+    task = write_user_task(tmp_path, ROWS)
+    (tmp_path / "afile").write_text("notes")
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out", "--cache-dir", tmp_path / "afile"))
+    assert f"the model cache {tmp_path / 'afile'} cannot be a folder: {tmp_path / 'afile'} is a file; give --cache-dir" in line
+    assert_nothing_written(tmp_path / "out")
+
+
 def test_output_that_is_a_file(tmp_path, monkeypatch, capsys, no_model_loading):
     task = write_user_task(tmp_path, ROWS)
     (tmp_path / "out").write_text("notes")

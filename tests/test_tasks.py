@@ -114,6 +114,35 @@ def test_answer_that_is_not_an_index(tmp_path, answer, kind):
         load_examples(load_task(task), "test")
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("stop:", "stopp:", "unknown key 'stopp'; did you mean 'stop'?"),
+        ("eval_split:", "eval_splt:", "unknown key 'dataset.eval_splt'; did you mean 'eval_split'?"),
+        ("stop:", "colour: 1\nstop:", "unknown key 'colour'; remove it"),
+        ("  eval_split: test\n", "", "dataset.eval_split: required, but not given; add it"),
+        ("answer_format: multiple_choice", "answer_format: bogus", "unknown answer_format 'bogus'; choose one of: multiple_choice"),
+        ("stop:", "stop: [", "is not valid YAML ("),
+    ],
+)
+def test_spec_mistakes_name_the_key_and_the_fix(tmp_path, old, new, expected):
+    task = write_user_task(tmp_path, ROWS)
+    task.write_text(task.read_text().replace(old, new, 1))
+    with pytest.raises(SoftevalError, match=re.escape(expected)):
+        load_task(task)
+
+
+def test_a_yaml_syntax_error_names_its_line(tmp_path):
+    task = write_user_task(tmp_path, ROWS)
+    lines = task.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("stop:"))
+    lines[at] = "stop: [unclosed"
+    task.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SoftevalError) as error:
+        load_task(task)
+    assert re.search(rf"{re.escape(str(task))}:\d+:\d+ is not valid YAML \(.+\); fix its syntax", str(error.value)), error.value
+
+
 def test_empty_split(tmp_path):
     spec = load_task(write_user_task(tmp_path, []))
     with pytest.raises(SoftevalError, match=r"split 'test' has no rows \(.*test\.jsonl is empty\)"):

@@ -77,7 +77,10 @@ def read_yaml_mapping(path: Path, what: str, holds: str) -> dict:
     try:
         raw = yaml.safe_load(read_utf8(path))
     except yaml.YAMLError as exc:
-        raise SoftevalError(f"{what} {path} is not valid YAML: {str(exc).splitlines()[0]}; fix its syntax") from exc
+        mark = getattr(exc, "problem_mark", None)  # where the parser gave up, counted from 0
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SoftevalError(f"{what} {path}{at} is not valid YAML ({problem}); fix its syntax") from exc
     if not isinstance(raw, dict):
         raise SoftevalError(f"{what} {path} must be a YAML mapping of {holds}")
     return raw

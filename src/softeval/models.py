@@ -126,9 +126,13 @@ def cached_models(cache_dir: str | Path | None = None) -> list[dict]:
 def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
     """Convert an alias's GGUF weights to safetensors in the cache, once; return the folder."""
     alias = _alias_or_error(name)
-    target = cache_root(cache_dir) / name
+    root = cache_root(cache_dir)
+    target = root / name
     if (target / MARKER).exists():
         return target
+    blocking = next((path for path in (root, *root.parents) if path.exists() and not path.is_dir()), None)
+    if blocking is not None:
+        raise SoftevalError(f"the model cache {root} cannot be a folder: {blocking} is a file; give --cache-dir (or ${CACHE_ENV}) a folder path")
     target.parent.mkdir(parents=True, exist_ok=True)
     console.print(f"preparing {name}: converting its GGUF weights into {target} (once, about a minute)", highlight=False)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as scratch:

@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from softeval._io import read_yaml_mapping, write_json_atomic
-from softeval.errors import SoftevalError
+from softeval.errors import SoftevalError, validation_problem
 from softeval.evaluate import METHODS, TUNED, EvalResult, cell_identity, evaluate
 from softeval.lora import WEIGHTS, Adapter, load_adapter
 from softeval.metrics import ROW_METRICS
@@ -82,6 +82,10 @@ class Reference(BaseModel):
 RAY_RESOURCES = ("num_cpus", "num_gpus", "memory")
 
 
+# tuning settings that a study sets from its own keys (methods, chat, seed, lora)
+STUDY_OWNED = {"method", "chat", "seed"} | {key for key in TuneConfig.model_fields if key.startswith("lora_")}
+
+
 class Study(BaseModel):
     """A grid of cells and every setting its results depend on; a study file holds one."""
 
@@ -113,7 +117,7 @@ class Study(BaseModel):
     @classmethod
     def _tuning_settings_only(cls, tuning: TuneConfig) -> TuneConfig:
         # these come from the study's own keys: a value under tuning would be silently replaced
-        misplaced = sorted(tuning.model_fields_set & {"method", "chat", "seed"} | {k for k in tuning.model_fields_set if k.startswith("lora_")})
+        misplaced = sorted(tuning.model_fields_set & STUDY_OWNED)
         if misplaced:
             raise ValueError(f"'{misplaced[0]}' is not a tuning setting here; set chat and seed at the top level, methods under methods, LoRA under lora")
         return tuning
@@ -177,10 +181,11 @@ def load_study(path: str | Path) -> Study:
 
 
 def validation_message(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+    for error in exc.errors():  # a tuning setting written at the top level
+        key = str(error["loc"][0]) if error["type"] == "extra_forbidden" and len(error["loc"]) == 1 else ""
+        if key in TuneConfig.model_fields and key not in STUDY_OWNED:
+            return f"'{key}' is a tuning setting; put it under tuning"
+    return validation_problem(exc, Study)
 
 
 # --- where cells live -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from softeval._io import read_yaml_mapping
-from softeval.errors import SoftevalError
+from softeval.errors import SoftevalError, validation_problem
 from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format, last_boxed
 
 
@@ -200,9 +200,7 @@ def load_task(name_or_path: str | Path) -> TaskSpec:
     try:
         return TaskSpec(**raw, source_file=str(path.resolve()))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "spec"
-        raise SoftevalError(f"task spec {path}: {where}: {first['msg']}") from exc
+        raise SoftevalError(f"task spec {path}: {validation_problem(exc, TaskSpec)}") from exc
 
 
 def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
