@@ -174,6 +174,7 @@ def test_model_path_that_does_not_exist(tmp_path, monkeypatch, capsys, no_model_
         (["--method", "few-shot", "--k", "6"], "--k 6 is more demonstrations than task capitals's few-shot split 'test' can give (6 rows, shared with evaluation); use --k 5 or fewer"),
         (["--method", "soft-prompt"], "--method soft-prompt needs a tuned prompt (--prompt PATH)"),
         (["--seed", "-1"], "Invalid value for '--seed'"),
+        (["--prompt", "tuned"], "--prompt is evaluated by the soft-prompt method only; add --method soft-prompt"),
     ],
 )
 def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, expected):
@@ -217,6 +218,11 @@ def test_a_model_cache_that_is_a_file(tmp_path, monkeypatch, capsys):
     line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out", "--cache-dir", tmp_path / "afile"))
     assert f"the model cache {tmp_path / 'afile'} cannot be a folder: {tmp_path / 'afile'} is a file; give --cache-dir" in line
     assert_nothing_written(tmp_path / "out")
+
+
+def test_ranking_a_folder_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    line = user_sees(monkeypatch, capsys, "rank", tmp_path / "nowhere")
+    assert line == f"error: no results folder at {tmp_path / 'nowhere'}; give the --output folder of softeval study or run"
 
 
 def test_output_that_is_a_file(tmp_path, monkeypatch, capsys, no_model_loading):

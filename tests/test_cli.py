@@ -41,7 +41,9 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
         assert results["metrics"]["format_following"]["value"] == round(ff, 6)
         diagnostics = results["diagnostics"]
         assert diagnostics["chance"] == 0.5 and sum(diagnostics["answer_distribution"].values()) == 6
-    assert "| capitals |" not in (out / "comparison.md").read_text() and "## capitals" in (out / "comparison.md").read_text()
+    comparison = (out / "comparison.md").read_text()
+    assert "| capitals |" not in comparison and "## capitals" in comparison
+    assert "* `conditional_accuracy`: task accuracy / format-following" in comparison  # every metric is explained
 
 
 def test_cells_of_different_task_versions_are_flagged_side_by_side(tmp_path, tiny_model_dirs):

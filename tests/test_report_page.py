@@ -90,6 +90,8 @@ def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
         assert page.locator(f"section#{section}").count() == 1, section
     assert page.locator("#run table").first.locator("tr").count() == 1 + 6  # six models with their identity
     assert page.locator("table.overview tr").count() == 1 + 3 * 4 + 3 * 8  # base: 4 methods, post-trained: 4 x 2 chat modes
+    # each metric's column says what it measures
+    assert "right when it keeps the format" in page.locator("table.overview th", has_text="cond acc").first.get_attribute("title")
     assert page.locator("#overview svg").count() == 1 and page.locator("#curves svg").count() == 3 * 2 + 3 * 4
     assert page.locator("#ranking table tr").count() == 1 + 4 * 4  # four metrics x four methods
     # the hostile row's text is shown as text, in full

@@ -205,8 +205,10 @@ def eval_command(
     methods = methods_list(method)
     if "lora" in methods:
         raise SoftevalError("--method lora tunes an adapter: use softeval run or softeval study")
-    if ("soft-prompt" in methods) != (prompt is not None):
+    if "soft-prompt" in methods and prompt is None:
         raise SoftevalError("--method soft-prompt needs a tuned prompt (--prompt PATH), and only it takes one")
+    if prompt is not None and "soft-prompt" not in methods:
+        raise SoftevalError("--prompt is evaluated by the soft-prompt method only; add --method soft-prompt")
     study = validated(
         Study, models=[{"model": m} for m in model], tasks=task, methods=methods, chat=chat, k=k, limit=limit, seed=seed, batch_size=batch_size,
     )

@@ -23,6 +23,14 @@ from scipy.stats import bootstrap
 from softeval.formats import AnswerFormat, Example, Status
 
 METRICS = ("format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge")
+# what each metric measures, as reports explain it
+MEANINGS = {
+    "format_following": "share of completions the task's strict parser accepts (the benchmark's answer format)",
+    "task_accuracy": "share accepted by the strict parser and correct: the benchmark score",
+    "conditional_accuracy": "task accuracy / format-following: how often the model is right when it keeps the format",
+    "lenient_accuracy": "share correct under a lenient parser that finds the answer anywhere in the completion",
+    "knowledge": "format-free: option log-likelihood accuracy (length-normalised) for multiple choice, lenient accuracy otherwise",
+}
 # the metrics that are a mean of one per-row outcome (the sample field), so rows can be paired and
 # resampled across cells; conditional accuracy is a ratio of two of them
 ROW_METRICS = {

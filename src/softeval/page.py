@@ -21,7 +21,7 @@ from jinja2 import Environment, select_autoescape
 
 from softeval._io import write_text_atomic
 from softeval.evaluate import EvalResult
-from softeval.metrics import METRICS
+from softeval.metrics import MEANINGS, METRICS
 from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, version_flags
 from softeval.study import MODELS_FILE
 
@@ -52,6 +52,7 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
         "header": run_header(folder, results),
         "tasks": [task_overview(task, [r for r in results if r.config["task"] == task]) for task in dict.fromkeys(r.config["task"] for r in results)],
         "metric_names": [SHORT[m] for m in METRICS],
+        "metric_meanings": [MEANINGS[m] for m in METRICS],
         "paired": paired_comparisons(results),
         "curves": tuning_curves(folder),
         "ranking": ranking_view(ranking) if ranking else None,

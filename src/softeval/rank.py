@@ -64,6 +64,8 @@ def update_ranking(folder: Path, reference: Reference | None = None) -> dict | N
 def rank_study(folder: Path, reference: Reference | None = None, *, n_resamples: int = 2000, seed: int = 0) -> dict:
     """The ranking analysis of an output folder; writes ranking.json and ranking.md there."""
     folder, reference = Path(folder), reference or Reference()
+    if not folder.is_dir():
+        raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval study or run")
     pairs = families(folder)
     if len(pairs) < MIN_FAMILIES:
         raise SoftevalError(

@@ -12,7 +12,7 @@ from rich.table import Table
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult
-from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, METRICS, ROW_METRICS, Metric
+from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
 from softeval.models import model_name
 from softeval.stats import method_agreement, paired_difference
 
@@ -265,6 +265,8 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "version compare; the version is the spec's and the data's hash). Tuning cost:",
         "trainable parameters and tuning seconds. Paired differences are in percentage points on the",
         "rows both cells evaluated, with paired bootstrap intervals; **bold** where the interval excludes 0.",
+        "",
+        *(f"* `{metric}`: {MEANINGS[metric]}" for metric in METRICS),
         "",
     ]
     for task in dict.fromkeys(r.config["task"] for r in results):

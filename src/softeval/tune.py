@@ -496,7 +496,7 @@ def plot_curve(curve: list[dict], path: Path, title: str) -> None:
     for key in CURVE_METRICS:
         values = [p[key] if p[key] is not None else math.nan for p in curve]
         right.plot(steps, values, marker="o", label=key)
-    right.set(xlabel="step", ylabel="share of validation examples", ylim=(0, 1), title="validation metrics")
+    right.set(xlabel="step", ylabel="share of validation examples", ylim=(-0.03, 1.03), title="validation metrics")  # lines at 0 and 1 stay in view
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()
