@@ -22,7 +22,7 @@ from jinja2 import Environment, select_autoescape
 from softeval._io import write_text_atomic
 from softeval.evaluate import EvalResult
 from softeval.metrics import MEANINGS, METRICS
-from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, version_flags
+from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, cell_flags
 from softeval.study import MODELS_FILE
 
 CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
@@ -131,17 +131,17 @@ def _short(text: str) -> str:
 
 def task_overview(task: str, results: list[EvalResult]) -> dict:
     rows = []
-    versions = version_flags(results)
+    flagged = cell_flags(results)
     for r in results:
         rows.append({
             "model": cell_key(r)[0],
             "method": cell_label(r.config),
             "n": len(r.samples),
             "metrics": [_metric(r.metrics[m]) for m in METRICS],
-            "flags": (r.diagnostics.flags if r.diagnostics else []) + ([versions[id(r)]] if id(r) in versions else []),
+            "flags": flagged[id(r)],
             "cost": cost(r),
         })
-    return {"name": task, "rows": rows, "chart": metric_chart(task, results)}
+    return {"name": task, "rows": rows, "chart": metric_chart(task, results, flagged)}
 
 
 def _metric(m) -> dict:
@@ -151,10 +151,9 @@ def _metric(m) -> dict:
     return {"value": f"{100 * m.value:.1f}", "ci": ci}
 
 
-def metric_chart(task: str, results: list[EvalResult]) -> str:
+def metric_chart(task: str, results: list[EvalResult], flagged: dict[int, list[str]]) -> str:
     """Grouped bars, one group per model and one bar per method, for each chart metric, with
-    95% interval whiskers; hatched bars are flagged cells (at chance, collapsed, or of one of
-    several task versions)."""
+    95% interval whiskers; hatched bars are flagged cells (`flagged`, from `cell_flags`)."""
     plt = _pyplot()
     models = list(dict.fromkeys(cell_key(r)[0] for r in results))
     methods = list(dict.fromkeys(cell_label(r.config) for r in results))
@@ -162,7 +161,6 @@ def metric_chart(task: str, results: list[EvalResult]) -> str:
     width = 0.8 / max(len(methods), 1)
     fig, axes = plt.subplots(1, len(CHART_METRICS), figsize=(4.2 * len(CHART_METRICS), 3.4), sharey=True)
     colours = plt.get_cmap("tab10").colors
-    versions = version_flags(results)
     for ax, metric in zip(axes, CHART_METRICS):
         for j, method in enumerate(methods):
             xs, values, errors, hatches = [], [], [[], []], []
@@ -177,7 +175,7 @@ def metric_chart(task: str, results: list[EvalResult]) -> str:
                 high = m.value if m.ci_high is None else m.ci_high
                 errors[0].append(100 * (m.value - low))
                 errors[1].append(100 * (high - m.value))
-                hatches.append("//" if (r.diagnostics and r.diagnostics.flags) or id(r) in versions else "")
+                hatches.append("//" if flagged[id(r)] else "")
             bars = ax.bar(xs, values, width * 0.92, yerr=errors, capsize=2, color=colours[j % len(colours)], label=method,
                           error_kw={"elinewidth": 0.8, "ecolor": "#333"})
             for bar, hatch in zip(bars, hatches):

@@ -43,34 +43,30 @@ def format_metric(m: Metric) -> str:
     return f"{100 * m.value:.1f}{ci}"
 
 
-def flags(result) -> str:
-    """Why a cell's score may mean little (at chance, collapsed answers), or empty."""
-    return "; ".join(result.diagnostics.flags) if result.diagnostics else ""
-
-
-def version_flags(results: list) -> dict[int, str]:
-    """A flag for each cell (by `id`) of a task whose cells read different versions of its spec
-    or data: their scores do not compare, whatever the table puts side by side."""
+def cell_flags(results: list) -> dict[int, list[str]]:
+    """Why each cell's score may mean little, by the cell's `id`: its diagnostics' flags (at
+    chance, collapsed) and, where the cells of its task read different versions of the task's
+    spec or data, its version (their scores do not compare, whatever a table puts side by side)."""
     by_task: dict[str, list] = {}
     for r in results:
         by_task.setdefault(r.config["task"], []).append(r)
-    marked = {}
+    flagged = {}
     for cells in by_task.values():
         versions = list(dict.fromkeys(evaluated_on(r) for r in cells))
-        if len(versions) < 2:
-            continue
         for r in cells:
-            spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
-            marked[id(r)] = f"task version {spec}/{data}, one of {len(versions)} here: rerun older cells with --force"
-    return marked
+            flagged[id(r)] = list(r.diagnostics.flags) if r.diagnostics else []
+            if len(versions) > 1:
+                spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
+                flagged[id(r)].append(f"task version {spec}/{data}, one of {len(versions)} here: rerun older cells with --force")
+    return flagged
 
 
 def rows(results: list) -> list[list[str]]:
-    versions = version_flags(results)
+    flagged = cell_flags(results)
     return [
         [r.config["model"], r.config["task"], cell_label(r.config), str(len(r.samples))]
         + [format_metric(r.metrics[name]) for name in METRICS]
-        + ["; ".join(filter(None, [flags(r), versions.get(id(r))]))]
+        + ["; ".join(flagged[id(r)])]
         for r in results
     ]
 

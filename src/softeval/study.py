@@ -245,7 +245,7 @@ def run_study(
     cluster, anything else is the address of a running one."""
     from softeval.page import write_page
     from softeval.rank import update_ranking
-    from softeval.report import finished_cells, write_comparison
+    from softeval.report import write_comparison
 
     output = Path(output)
     specs = [load_task(t) for t in study.tasks]
@@ -273,9 +273,9 @@ def run_study(
                 continue
             for spec in specs:
                 reports += run_unit(lm, spec, study, role=entry.role, progress=progress, **run)
-            if finished_cells(output):
+            if _any_finished(reports):
                 write_comparison(output)  # after each model: the comparison is never far behind
-    if finished_cells(output):  # else nothing to report, and the folder is left as it was
+    if _any_finished(reports):  # else nothing changed, and the folder is left as it was
         record_models(output, study.models)
         write_comparison(output)
         update_ranking(output, study.reference)
@@ -283,9 +283,14 @@ def run_study(
     failed = [r for r in reports if r.status == "failed"]
     if failed:
         rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
-        kept = "; the other cells finished and are kept by a rerun" if len(failed) < len(reports) else ""
+        kept = "; the other cells finished and are kept by a rerun" if _any_finished(reports) else ""
         raise SoftevalError(f"{failed[0].folder} failed: {failed[0].message}{rest}{kept}")
     return reports
+
+
+def _any_finished(reports: list[CellReport]) -> bool:
+    """Whether a cell of this command finished, now or in an earlier command (skipped)."""
+    return any(r.status != "failed" for r in reports)
 
 
 def run_unit(
