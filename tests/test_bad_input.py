@@ -51,6 +51,29 @@ def assert_nothing_written(out):
 # --- data files -------------------------------------------------------------------------------------
 
 
+def test_an_unreachable_hub_is_one_line_without_retries(tmp_path, monkeypatch, capsys, no_model_loading):
+    from huggingface_hub import constants
+
+    from softeval.data import hub_unreachable
+
+    monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
+    for proxy in ("http", "https", "all", "no"):
+        monkeypatch.delenv(f"{proxy}_proxy", raising=False)
+        monkeypatch.delenv(f"{proxy.upper()}_PROXY", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "empty-cache")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    hub_unreachable.cache_clear()
+    try:
+        line = user_sees(monkeypatch, capsys, "eval", "--model", ALIAS, "--task", "arc_easy", "--output", tmp_path / "out")
+    finally:
+        hub_unreachable.cache_clear()
+    assert line.startswith("error: task arc_easy: cannot load allenai/ai2_arc (test) from the Hugging Face hub (127.0.0.1:9 is not reachable: ")
+    assert line.endswith("is not reachable: Connection refused, and the datasets cache does not hold it); pass --data-dir with a local mirror or set $SOFTEVAL_DATA_DIR")
+    assert_nothing_written(tmp_path / "out")
+
+
 def test_jsonl_that_is_not_utf8(tmp_path, monkeypatch, capsys, no_model_loading):
     task = write_user_task(tmp_path, ROWS)
     data = tmp_path / "test.jsonl"
@@ -198,6 +221,7 @@ def test_eval_options(tmp_path, monkeypatch, capsys, no_model_loading, args, exp
         ("run", ["--steps", "-1"], "Invalid value for '--steps'"),
         ("run", ["--limit", "0"], "Invalid value for '--limit'"),
         ("run", ["--k", "100"], "--k 100 is more demonstrations"),
+        ("tune", ["--init-text", "capitals"], "--init-text is read by --init text only; add --init text"),
     ],
 )
 def test_tune_and_run_options(tmp_path, monkeypatch, capsys, no_model_loading, command, args, expected):
@@ -271,6 +295,30 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, small
 
 
 # --- checkpoints and unexpected errors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("made_for", "extra", "expected"),
+    [
+        ("trivia", [], "was tuned for task 'trivia', not 'capitals'; tune one for this task"),
+        ("capitals", ["--model", "gemma-3-270m"], "was tuned for one model; evaluate it with one --model"),
+        ("capitals", ["--task", "second"], "was tuned for one task; evaluate it with one --task"),
+    ],
+)
+def test_a_given_prompt_is_checked_before_the_model_loads(tmp_path, monkeypatch, capsys, no_model_loading, made_for, extra, expected):
+    import torch
+
+    from softeval.softprompt import save_soft_prompt
+    from softeval.task import load_task
+
+    task = write_user_task(tmp_path, ROWS * 3)
+    (tmp_path / "second").mkdir()
+    extra = [str(write_user_task(tmp_path / "second", ROWS * 3, name="second")) if a == "second" else a for a in extra]
+    path = tmp_path / "soft_prompt.safetensors"
+    save_soft_prompt(path, torch.zeros(10, 4), {"task": {"name": made_for, "spec_sha256": load_task(task).sha256()}, "chat": False})
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out", *extra, "--method", "soft-prompt", "--prompt", path))
+    assert expected in line
+    assert_nothing_written(tmp_path / "out")
 
 
 def test_checkpoint_written_with_other_settings(tmp_path, monkeypatch, capsys, no_model_loading):

@@ -122,6 +122,18 @@ def test_a_cell_above_chance_with_spread_answers_is_not_flagged():
     assert not d.collapsed and not d.at_chance and d.flags == []
 
 
+def test_a_cell_without_strict_answers_is_flagged_as_such_not_at_chance():
+    # nothing followed the format: accuracy 0 is a format failure, not chance-level knowledge
+    samples = [_sample(None, "ABCD"[i % 4], completion="" if i % 2 else " hmm", status="no_answer") for i in range(20)]
+    d = diagnose(samples, aggregate(samples)["task_accuracy"], chance=0.25)
+    assert d.no_strict_answers and d.at_chance
+    assert d.flags == ["no strict answers (50% empty)"]
+    open_ended = diagnose(samples, aggregate(samples)["task_accuracy"], chance=None)
+    assert open_ended.flags == ["no strict answers (50% empty)"]
+    samples[3] = _sample("A", "A")
+    assert not diagnose(samples, aggregate(samples)["task_accuracy"], chance=None).no_strict_answers
+
+
 def test_open_ended_cells_report_empty_and_ambiguous_shares():
     samples = [_sample(None, "x", completion="", status="no_answer")] * 2 + [_sample(None, "x", status="ambiguous")] * 3 + [_sample("x", "x")] * 5
     d = diagnose(samples, aggregate(samples)["task_accuracy"], chance=None)

@@ -190,6 +190,23 @@ def test_a_non_finite_validation_loss_stops_before_anything_is_written(tmp_path,
     assert not (out / "checkpoint.safetensors").exists() and not (out / "soft_prompt.safetensors").exists()
 
 
+def test_settings_above_the_rows_there_are_say_what_is_used(tmp_path, tiny_llama, caplog):
+    caplog.set_level("INFO", logger="softeval")
+    spec = load_task(write_user_task(tmp_path, ROWS * 5))  # 10 rows: 2 held out, 8 to train on
+    tuner = Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=12, val_size=5))
+    assert (len(tuner.train), len(tuner.val)) == (8, 2)
+    said = {r.getMessage(): r.levelname for r in caplog.records}
+    assert said["tuning batch size 12: capitals has 8 training rows, and each step takes all of them"] == "WARNING"
+    assert said["validation size 5: only 2 rows (a fifth of capitals's tuning split) are held out; validating on those"] == "WARNING"
+    caplog.clear()
+    Tuner(tiny_llama, spec, TuneConfig(length=2))  # the default 64 shrinks as documented: not a warning
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "validation size 64: only 2 rows" in caplog.text
+    caplog.clear()
+    Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=8, val_size=2))
+    assert "validation size" not in caplog.text and "tuning batch size" not in caplog.text
+
+
 def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeypatch):
     """Batch of mixed lengths with a soft prompt, in micro-batches of one row and chunks of 3 target
     tokens: the same loss and gradient as each example's target cross-entropy from one unpadded

@@ -103,6 +103,7 @@ def test_lora_tuning_resumes_to_the_same_adapter(tmp_path, tiny_llama, monkeypat
         ("models: [a]\ntasks: [t]\ntuning: {steps: 0}\n", "tuning.steps: Input should be greater than 0"),
         ("models: [a]\ntasks: [t]\nlimt: 5\n", "unknown key 'limt'; did you mean 'limit'?"),
         ("models: [a]\ntasks: [t]\nsteps: 3\n", "'steps' is a tuning setting; put it under tuning"),
+        ("models: [a]\ntasks: [t]\ntuning: {init_text: capitals}\n", "tuning.init_text is read by init: text only"),
         ("models: [a]\ntasks: [t]\nmethod: lora\n", "unknown key 'method'; did you mean 'methods'?"),
         ("models: []\ntasks: [t]\n", "models: List should have at least 1 item"),
         ("models: [a\n", "is not valid YAML"),
@@ -357,6 +358,46 @@ def test_report_rewrites_the_page_from_the_results_on_disk(tmp_path, tiny_model_
     empty.mkdir()
     assert "holds no finished cells" in str(run("report", empty).exception)
     assert "no results folder at" in str(run("report", tmp_path / "missing").exception)
+
+
+def test_a_limit_is_recorded_as_the_rows_it_keeps_and_a_replaced_cell_says_why(tmp_path, tiny_model_dirs, caplog):
+    task = write_user_task(tmp_path, ROWS * 3)  # 6 rows
+    out = tmp_path / "out"
+    evaluate_with = lambda *limit: run("eval", "--model", tiny_model_dirs["llama"], "--task", task, *limit, "--output", out)  # noqa: E731
+    assert evaluate_with("--limit", 4).exit_code == 0
+    assert evaluate_with("--limit", 5).exit_code == 0
+    assert "zero-shot again; changed since it finished: limit 4 -> 5" in caplog.text
+    assert evaluate_with("--limit", 50).exit_code == 0
+    assert "--limit 50 is above the 6 rows of task capitals's test split: evaluating all of them" in caplog.text
+    results = json.loads(next(out.glob("*/capitals/zero-shot/results.json")).read_text())
+    assert results["config"]["limit"] is None and results["identity"]["limit"] is None and results["diagnostics"]["n"] == 6
+    whole = evaluate_with()  # the whole split is the cell a limit above it made
+    assert whole.exit_code == 0 and "1 of 1 cells were finished already" in whole.output
+
+
+def test_a_limit_that_keeps_every_filtered_row_is_no_limit(tmp_path, tiny_model_dirs, caplog):
+    task = write_user_task(tmp_path, ROWS * 3, filter="gold == 0")  # 3 of 6 rows kept
+    out = tmp_path / "out"
+    evaluate_with = lambda *limit: run("eval", "--model", tiny_model_dirs["llama"], "--task", task, *limit, "--output", out)  # noqa: E731
+    assert evaluate_with("--limit", 3).exit_code == 0
+    assert "is above" not in caplog.text
+    assert json.loads(next(out.glob("*/capitals/zero-shot/results.json")).read_text())["identity"]["limit"] is None
+    assert "1 of 1 cells were finished already" in evaluate_with().output
+    assert evaluate_with("--limit", 4).exit_code == 0
+    assert "--limit 4 is above the 3 rows its filter keeps of task capitals's test split" in caplog.text
+
+
+def test_one_task_given_twice_runs_once_and_two_tasks_of_one_name_are_refused(tmp_path, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 3)
+    out = tmp_path / "out"
+    twice = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--task", tmp_path / "." / task.name, "--limit", 2, "--output", out)
+    assert twice.exit_code == 0, twice.output
+    assert len(json.loads((out / "comparison.json").read_text())["cells"]) == 1
+    (tmp_path / "other").mkdir()
+    other = write_user_task(tmp_path / "other", ROWS, max_new_tokens=2)
+    clash = run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--task", other, "--output", tmp_path / "clash")
+    assert str(clash.exception).startswith(f"two tasks are named 'capitals' ({task.resolve()} and {other.resolve()})")
+    assert not (tmp_path / "clash").exists()
 
 
 def test_ray_alone_means_a_local_cluster():

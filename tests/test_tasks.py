@@ -72,6 +72,31 @@ def test_limit_takes_a_fixed_seeded_subset(mirror):
     assert [e.index for e in a] == sorted(e.index for e in a)
 
 
+def test_an_unreachable_hub_reads_the_datasets_cache_at_once(mirror, monkeypatch):
+    """datasets itself reads its cache when the hub is down, after ~30 s of retries: offline mode
+    makes it read the cache at once. (datasets is replaced here by a cache of one split.)"""
+    import datasets
+    from huggingface_hub import constants
+
+    rows = [json.loads(line) for line in (mirror / "allenai/ai2_arc/ARC-Easy/test.jsonl").read_text().splitlines()[:3]]
+
+    def cached_load(path, config, split):
+        if not (datasets.config.HF_HUB_OFFLINE and constants.HF_HUB_OFFLINE):
+            raise ConnectionError("retried the hub")
+        return rows
+
+    monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", cached_load)
+    monkeypatch.setattr("softeval.data.hub_unreachable", lambda: "huggingface.co:443 is not reachable: no route")
+    flags = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    examples = load_examples(load_task("arc_easy"), "test", data_dir=None)
+    assert [e.source for e in examples] == [f"hub:allenai/ai2_arc/ARC-Easy/test[{i}]" for i in range(3)]
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == flags  # offline for that load only
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError("not cached")))
+    with pytest.raises(SoftevalError, match=r"\(huggingface.co:443 is not reachable: no route, and the datasets cache does not hold it\)"):
+        load_examples(load_task("arc_easy"), "test", data_dir=None)
+
+
 def test_unknown_task_lists_known_ones():
     with pytest.raises(SoftevalError, match="unknown task 'arc_eazy'.*arc_easy"):
         load_task("arc_eazy")

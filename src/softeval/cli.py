@@ -332,6 +332,8 @@ def tune_command(
         steps=steps, batch_size=tune_batch_size, lr=lr, length=length, init=init, init_text=init_text,
         eval_every=eval_every, val_size=val_size, chat=chat, seed=seed,
     )
+    if init_text is not None and init != "text" and not sweep_grid:
+        raise SoftevalError("--init-text is read by --init text only; add --init text (or --sweep, which tries it) or drop --init-text")
     spec = load_task(task)
     check_before_work([model], [spec], [], k=0, tuning=True, outputs=[output], data_dir=data_dir)
     if export_peft_to is not None:

@@ -137,6 +137,7 @@ def evaluate(
     vectors = None if soft_prompt is None else soft_prompt.vectors
     started = time.perf_counter()
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
+    eval_data = data_identity(spec, spec.dataset.eval_split, data_dir)
     shots = k if method == "few-shot" else 0
     demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed) if shots else []
     n_soft = 0 if vectors is None else vectors.shape[0]
@@ -158,7 +159,7 @@ def evaluate(
         "soft_prompt_length": n_soft,
         "soft_prompt": None if soft_prompt is None else soft_prompt.identity(),
         "adapter": None if adapter is None else adapter.identity(),
-        "limit": limit,
+        "limit": effective_limit(limit, eval_data),
         "seed": seed,
         "batch_size": batch_size,
         "eval_split": spec.dataset.eval_split,
@@ -174,7 +175,7 @@ def evaluate(
         metrics=metrics,
         samples=samples,
         model=lm.identity,
-        data=data_identity(spec, spec.dataset.eval_split, data_dir),
+        data=eval_data,
         timings={k: round(v, 3) for k, v in timings.items()},
         n_truncated=n_truncated,
         diagnostics=diagnose(samples, metrics["task_accuracy"], chance),
@@ -200,10 +201,28 @@ def cell_identity(lm: LoadedModel, spec: TaskSpec, method: str, *, chat: bool, k
         "method": method,
         "chat": chat,
         "k": k if method == "few-shot" else 0,
-        "limit": limit,
+        "limit": effective_limit(limit, data[0]),
         "seed": seed,
         "tuned_sha256": None if tuned is None else tuned.sha256,
     }
+
+
+def effective_limit(limit: int | None, eval_data: dict) -> int | None:
+    """The limit as the rows it keeps: None where it reaches the whole (filtered) split, so a
+    limit above the split's size and no limit are the same cell."""
+    kept = eval_data["rows"] - eval_data["filtered_out"]
+    return limit if limit is not None and limit < kept else None
+
+
+def identity_difference(old: dict, new: dict) -> str:
+    """What changed between two cell identities, for the line that says a cell is redone."""
+    changed = [key for key in new if old.get(key) != new[key]]
+    scalar = lambda v: v is None or isinstance(v, (str, int, float, bool))  # noqa: E731
+    shown = lambda v: "none" if v is None else str(v)[:12]  # noqa: E731 - a hash's first digits tell it apart
+    return ", ".join(
+        f"{key} {shown(old.get(key))} -> {shown(new[key])}" if scalar(old.get(key)) and scalar(new[key]) else key
+        for key in changed
+    ) or "record format"
 
 
 def tuning_record(tuned: SoftPrompt | Adapter) -> dict:

@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 
 from softeval._io import write_json_atomic
+from softeval.lora import peft_wrapped
 from softeval.models import LoadedModel
 
 
 def export_peft(vectors: torch.Tensor, lm: LoadedModel, folder: str | Path) -> Path:
     """Write a folder that `peft.PeftModel.from_pretrained(model, folder)` loads."""
-    from peft import PromptTuningConfig, TaskType, get_peft_model
+    from peft import PromptTuningConfig, TaskType
 
     folder = Path(folder)
     embed = lm.model.get_input_embeddings()
@@ -34,7 +35,7 @@ def export_peft(vectors: torch.Tensor, lm: LoadedModel, folder: str | Path) -> P
         base_model_name_or_path=lm.identity.get("spec"),
     )
     # prompt tuning wraps the model without changing its layers; the frozen model stays usable
-    peft_model = get_peft_model(lm.model, config)
+    peft_model = peft_wrapped(lm.model, config)
     with torch.no_grad():
         peft_model.prompt_encoder["default"].embedding.weight.copy_(virtual)
     peft_model.save_pretrained(folder)

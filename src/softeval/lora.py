@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,16 +38,24 @@ def lora_config(rank: int, alpha: int, targets: list[str]):
     return LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
 
 
+def peft_wrapped(model, config):
+    """`peft.get_peft_model`, without the FutureWarning it raises on transformers 5: PEFT asks a
+    deprecated question (is_gradient_checkpointing) that is not the user's to fix."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return get_peft_model(model, config)
+
+
 @contextmanager
 def lora_applied(lm: LoadedModel, config, weights: dict[str, torch.Tensor] | None = None, *, seed: int = 0) -> Iterator:
     """The model with LoRA layers injected (fresh ones seeded by `seed`, or `weights`), as a PEFT
     model; the original layers are back when the block ends, whatever happens in it."""
-    from peft import get_peft_model
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # LoRA's A matrices start random: the seed makes a run repeatable
         try:
-            peft_model = get_peft_model(lm.model, config)
+            peft_model = peft_wrapped(lm.model, config)
         except ValueError as exc:  # no module matches the targets
             raise SoftevalError(f"cannot add LoRA layers to {lm.name}: {_first_line(exc)}; set lora targets to its projection names") from exc
     try:

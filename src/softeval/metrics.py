@@ -94,12 +94,17 @@ class Diagnostics(BaseModel):
     empty_share: float
     ambiguous_share: float  # lenient reading names several candidates
     conflict_share: float  # letter and option text disagree
+    # no completion followed the format: accuracy is 0 by format alone, whatever the model knows
+    no_strict_answers: bool = False
     at_chance: bool = False  # task accuracy not above chance by its confidence interval
     collapsed: bool = False
 
     @computed_field
     @property
     def flags(self) -> list[str]:
+        if self.no_strict_answers:  # "at chance" would blame knowledge for a format failure
+            empty = f" ({100 * self.empty_share:.0f}% empty)" if self.empty_share else ""
+            return [f"no strict answers{empty}"]
         flags = []
         if self.at_chance:
             flags.append(f"at chance ({100 * (self.chance or 0):.0f}%)")
@@ -179,6 +184,7 @@ def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None)
         empty_share=share(empty),
         ambiguous_share=share(sum(s.lenient_status == "ambiguous" for s in samples)),
         conflict_share=share(sum(s.lenient_status == "conflict" for s in samples)),
+        no_strict_answers=n > 0 and not any(s.format_ok for s in samples),
     )
     if chance is None:
         return diagnostics

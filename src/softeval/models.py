@@ -12,7 +12,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,7 +181,9 @@ def load_model(
         where, source = spec, {"hub_id": spec}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
-        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
+        with _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     except SoftevalError:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
@@ -191,6 +194,21 @@ def load_model(
     if device == "cpu":
         keep_freed_memory()  # every batch reuses the blocks the last one freed (see softeval.memory)
     return _describe(spec, model, tokenizer, source, post_trained_hint)
+
+
+@contextmanager
+def _quiet_weight_loading() -> Iterator[None]:
+    """Without transformers' per-tensor loading bar: a load from a local folder takes seconds,
+    and the bar would sit among the evaluation's own (this also hides huggingface_hub's bars)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def model_kind(spec: str) -> str:

@@ -8,6 +8,7 @@ output folder must be a folder (or creatable) that can be written and has room.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from softeval.errors import SoftevalError
 from softeval.models import model_kind
 from softeval.task import TaskSpec
 from softeval.tune import check_tuning_rows
+
+log = logging.getLogger("softeval")
 
 MIN_FREE_BYTES = 64 << 20  # results, samples and prompts of a typical grid fit many times over
 PROBE_BYTES = 1 << 20  # written and removed, so a full disk or a file-size limit shows at once
@@ -33,12 +36,15 @@ def check_before_work(
     tuning: bool,
     outputs: list[Path],
     data_dir: str | Path | None,
+    limit: int | None = None,
 ) -> None:
     """Everything a command can check without loading a model, in the order a user fixes it."""
     for name in models:
         model_kind(name)
     for spec in specs:
         sizes = check_task(spec, splits_needed(spec, methods, tuning), data_dir)
+        if methods and limit is not None:
+            say_limit(spec, limit, sizes[spec.dataset.eval_split])
         if "few-shot" in methods:
             check_demonstrations(spec, k, sizes)
         if tuning:
@@ -73,6 +79,13 @@ def _check_rendering(spec: TaskSpec, key: str, example) -> None:
         raise SoftevalError(
             f"{where} renders the same text for every option of {example.source}; use {{{{ cloze_context }}}} in it"
         )
+
+
+def say_limit(spec: TaskSpec, limit: int, rows: int) -> None:
+    """A limit above the rows there are evaluates them all (and is recorded as no limit): said once."""
+    if limit > rows:
+        kept = " its filter keeps" if spec.filter else ""
+        log.warning("--limit %d is above the %d rows%s of task %s's %s split: evaluating all of them", limit, rows, kept, spec.name, spec.dataset.eval_split)
 
 
 def splits_needed(spec: TaskSpec, methods: list[str], tuning: bool) -> list[str | None]:

@@ -254,7 +254,8 @@ def write_comparison(folder: Path) -> list[EvalResult]:
     lines = [
         "# softeval comparison",
         "",
-        "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *at chance* (task",
+        "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *no strict answers* (no",
+        "completion followed the format, so accuracy says nothing of knowledge), *at chance* (task",
         "accuracy not above the chance level by its interval), *collapsed* (one option is over",
         f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *task version*",
         "(the cells of a task read different versions of its spec or data, and only cells of one",

@@ -100,6 +100,11 @@ def check_made_for(where: str, metadata: dict, lm: LoadedModel, spec: TaskSpec, 
             f"{where} was tuned for model '{metadata.get('model', {}).get('spec')}', "
             f"not '{lm.identity['spec']}' ({differs} differs); tune one for this model"
         )
+    check_task_made_for(where, metadata, spec, chat)
+
+
+def check_task_made_for(where: str, metadata: dict, spec: TaskSpec, chat: bool) -> None:
+    """The task and chat-mode part of `check_made_for`: it needs no model, so it runs before one loads."""
     task = metadata.get("task")
     if not isinstance(task, dict):
         raise SoftevalError(f"{where} does not record its task (written by an older softeval); tune it again")

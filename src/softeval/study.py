@@ -25,12 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from softeval._io import read_yaml_mapping, write_json_atomic
 from softeval.errors import SoftevalError, validation_problem
-from softeval.evaluate import METHODS, TUNED, EvalResult, cell_identity, evaluate
+from softeval.evaluate import METHODS, TUNED, EvalResult, cell_identity, evaluate, identity_difference
 from softeval.lora import WEIGHTS, Adapter, load_adapter
 from softeval.metrics import ROW_METRICS
 from softeval.models import LoadedModel, load_model, model_name
 from softeval.preflight import check_before_work
-from softeval.softprompt import SoftPrompt, load_soft_prompt
+from softeval.softprompt import SoftPrompt, check_task_made_for, load_soft_prompt
 from softeval.task import TaskSpec, load_task
 from softeval.tune import TuneConfig, checkpoint_matches, provenance, provenance_difference, sweep, sweep_record, tune
 
@@ -129,6 +129,12 @@ class Study(BaseModel):
         if unknown:
             raise ValueError(f"unknown resource '{unknown[0]}'; use {', '.join(RAY_RESOURCES)}")
         return resources
+
+    @model_validator(mode="after")
+    def _init_text_is_read(self) -> Study:
+        if self.tuning.init_text is not None and self.tuning.init != "text" and not self.sweep:
+            raise ValueError("tuning.init_text is read by init: text only; set tuning.init: text (or sweep: true, which tries it) or drop init_text")
+        return self
 
     @model_validator(mode="after")
     def _models_pair_up(self) -> Study:
@@ -248,14 +254,14 @@ def run_study(
     from softeval.report import write_comparison
 
     output = Path(output)
-    specs = [load_task(t) for t in study.tasks]
-    _check_task_names(specs)
+    specs = _distinct_tasks([load_task(t) for t in study.tasks])
     tuning = "lora" in study.methods or ("soft-prompt" in study.methods and prompt is None)
     # every check that needs no model comes first: a mistake costs seconds, not a study
-    check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir)
+    check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
+                      limit=study.limit)
     soft = load_soft_prompt(prompt) if prompt is not None and "soft-prompt" in study.methods else None
-    if soft is not None and soft.metadata.get("chat") and not study.chat:
-        raise SoftevalError(f"{soft.name} was tuned with the chat template; add --chat to evaluate it")
+    if soft is not None:
+        check_given_prompt(soft, study, specs)
     run = dict(output=output, soft=soft, data_dir=data_dir, force=force)
     if ray is not None:
         from softeval.distributed import run_on_ray
@@ -286,6 +292,19 @@ def run_study(
         kept = "; the other cells finished and are kept by a rerun" if _any_finished(reports) else ""
         raise SoftevalError(f"{failed[0].folder} failed: {failed[0].message}{rest}{kept}")
     return reports
+
+
+def check_given_prompt(soft: SoftPrompt, study: Study, specs: list[TaskSpec]) -> None:
+    """What can be told of a given soft prompt before a model loads: it serves one model and one
+    task, the task and chat mode it was tuned for (the model itself is checked once it has loaded)."""
+    if len(study.models) > 1:
+        raise SoftevalError(f"{soft.name} was tuned for one model; evaluate it with one --model")
+    if len(specs) > 1:
+        raise SoftevalError(f"{soft.name} was tuned for one task; evaluate it with one --task")
+    chat = bool(soft.metadata.get("chat"))
+    if chat and not study.chat:
+        raise SoftevalError(f"{soft.name} was tuned with the chat template; add --chat to evaluate it")
+    check_task_made_for(soft.name, soft.metadata, specs[0], chat)
 
 
 def _any_finished(reports: list[CellReport]) -> bool:
@@ -325,12 +344,15 @@ def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
     return [False, True]
 
 
-def _check_task_names(specs: list[TaskSpec]) -> None:
+def _distinct_tasks(specs: list[TaskSpec]) -> list[TaskSpec]:
+    """The tasks once each: one spec given twice (a name and its file, two spellings of a path)
+    runs once; two different specs of one name would share a results folder, so are refused."""
     seen: dict[str, TaskSpec] = {}
     for spec in specs:
-        if spec.name in seen:
-            raise SoftevalError(f"two tasks are named '{spec.name}' ({seen[spec.name].source_file or spec.name} and {spec.source_file or spec.name}); give each task its own name")
-        seen[spec.name] = spec
+        first = seen.setdefault(spec.name, spec)
+        if (first.source_file, first.sha256()) != (spec.source_file, spec.sha256()):
+            raise SoftevalError(f"two tasks are named '{spec.name}' ({first.source_file or spec.name} and {spec.source_file or spec.name}); give each task its own name")
+    return list(seen.values())
 
 
 def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, output, soft, data_dir, force, progress) -> CellReport:
@@ -344,9 +366,12 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
                                     sweep_steps=study.sweep_steps, force=force, progress=progress)
     settings = dict(chat=chat, k=study.k, limit=study.limit, seed=study.seed, data_dir=data_dir)
     wanted = cell_identity(lm, spec, method, **settings, tuned=tuned)
-    if not force and finished_identity(folder) == wanted:
+    finished = finished_identity(folder)
+    if not force and finished == wanted:
         log.info("finished already: %s", folder)
         return CellReport(folder, "skipped")
+    if finished is not None and not force:  # replaced, so say why: the old cell is gone after this
+        log.warning("evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
     result = evaluate(
         lm, spec, method, **settings, batch_size=study.batch_size, progress=progress,
         soft_prompt=tuned if method == "soft-prompt" else None, adapter=tuned if method == "lora" else None,

@@ -88,6 +88,9 @@ class Tuner:
         if config.chat and not lm.post_trained:
             raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
         self.train, self.val = _train_and_validation(spec, config, data_dir)
+        if config.batch_size > len(self.train):
+            log.log(_level(config, "batch_size"), "tuning batch size %d: %s has %d training rows, and each step takes all of them",
+                    config.batch_size, spec.name, len(self.train))
         self.prompt: torch.nn.Parameter | None = None
         self._lora = None
         if config.method == "soft-prompt":
@@ -516,13 +519,26 @@ def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:
         )
 
 
+def _level(config: TuneConfig, setting: str) -> int:
+    """A setting the user chose and that cannot be met is a warning; a default that shrinks to
+    the rows there are is as documented, and only logged."""
+    return logging.INFO if getattr(config, setting) == TuneConfig.model_fields[setting].default else logging.WARNING
+
+
 def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple[list[Example], list[Example]]:
     """Training pool and a fixed validation slice: the task's validation split where it has one,
     otherwise a seeded slice held out of the tuning split."""
     train = load_examples(spec, spec.dataset.tune_split, data_dir)
     if spec.dataset.validation_split and spec.dataset.validation_split != spec.dataset.tune_split:
         val = load_examples(spec, spec.dataset.validation_split, data_dir, limit=config.val_size, seed=config.seed)
+        if config.val_size > len(val):
+            log.log(_level(config, "val_size"), "validation size %d: %s's %s split has %d rows; validating on those",
+                    config.val_size, spec.name, spec.dataset.validation_split, len(val))
         return train, val
     check_tuning_rows(spec, len(train))
-    held = set(random.Random(config.seed).sample(range(len(train)), min(config.val_size, len(train) // 5)))
+    n_held = min(config.val_size, len(train) // 5)
+    if n_held < config.val_size:
+        log.log(_level(config, "val_size"), "validation size %d: only %d rows (a fifth of %s's tuning split) are held out; validating on those",
+                config.val_size, n_held, spec.name)
+    held = set(random.Random(config.seed).sample(range(len(train)), n_held))
     return [e for i, e in enumerate(train) if i not in held], [e for i, e in enumerate(train) if i in held]
