@@ -56,6 +56,7 @@ def test_cells_of_different_task_versions_are_flagged_side_by_side(tmp_path, tin
     task.write_text(task.read_text() + "instruction: Answer with a letter.\n")
     result = run("eval", "--model", model, "--task", task, "--method", "few-shot", "--k", 2, "--output", out)
     assert result.exit_code == 0, result.output
+    assert "task version" in result.output  # the terminal table shows this command's cell against the folder's
     comparison = json.loads((out / "comparison.json").read_text())
     assert len(comparison["cells"]) == 2
     spec_hashes = {json.loads((out / model.name / "capitals" / m / "results.json").read_text())["data"]["spec_sha256"] for m in ("zero-shot", "few-shot")}

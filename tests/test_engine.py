@@ -13,6 +13,7 @@ from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder
 from softeval.errors import SoftevalError
 from softeval.models import load_model
 from softeval.prompts import Cloze
+from softeval.task import load_task
 
 PREFIXES = pytest.mark.parametrize("prefix", ["", SHARED], ids=["distinct", "shared-prefix"])
 
@@ -82,6 +83,30 @@ def test_stop_strings_apply_after_the_answer_begins():
     assert _first_stop("\n\nB\nC", ["\n"]) == 3
     assert _first_stop("  \n", ["\n"]) is None
     assert _first_stop(" 42\n\nQuestion:", ["\n\n", "Question:"]) == 3
+
+
+def test_gsm8k_reasoning_in_paragraphs_is_not_cut_before_its_answer():
+    from softeval.engine import _first_stop
+
+    stop = load_task("gsm8k").stop
+    reasoning = " Step 1: 48 / 2 = 24.\n\nStep 2: 48 + 24 = 72.\n#### 72"
+    assert _first_stop(reasoning, stop) is None
+    assert _first_stop(reasoning + "\n\nQuestion: next", stop) == len(reasoning)
+    assert _first_stop(reasoning + " Question: next", stop) == len(reasoning) + 1
+
+
+def test_a_completion_that_starts_the_next_question_is_cut_to_nothing():
+    """Every built-in template asks with "Question:" (or "Problem:"): a model that echoes that
+    pattern instead of answering has given no answer, and its echo is never parsed as one."""
+    from softeval.engine import _first_stop
+    from softeval.task import builtin_tasks
+
+    for name in builtin_tasks():
+        spec = load_task(name)
+        label = "Problem:" if "Problem:" in spec.template else "Question:"
+        echo = f"\n\n{label} What is the capital of France?\nAnswer: Paris"
+        cut = _first_stop(echo, spec.stop)
+        assert cut is not None and not echo[:cut].strip(), name
 
 
 LONG_OPTION = " no, not at all really, not even a little bit, and certainly never on a Sunday afternoon"

@@ -241,6 +241,13 @@ def test_multiple_choice_edge_cases(completion, reading, status):
         (" 3,4", None, None),  # not a thousands separator
         (" $1,234.50 in total", None, "1234.5"),
         (" #### -8", "-8", "-8"),
+        # a sign is never dropped: -3 is not the gold 3 (GSM below is 72, so compare readings)
+        (" #### \u22123", "-3", "-3"),  # the Unicode minus
+        (" #### - 3", "-3", "-3"),  # a sign apart from its number, after the marker
+        (" #### $-3", "-3", "-3"),
+        (" #### -$3", "-3", "-3"),
+        (" 10 - 3", None, "3"),  # elsewhere, a subtraction
+        (" so it is \u22125 degrees", None, "-5"),
     ],
 )
 def test_number_edge_cases(completion, strict, lenient):
@@ -275,6 +282,13 @@ HEAT = mc_example(["heat", "heat and light", "water", "the wind"], 1)
         (" The wind.", "D", "D", "answer"),
         (" steam", None, None, "no_answer"),
         ("", None, None, "no_answer"),
+        # an option label is not the option's text (normalisation would drop "A)" as the article
+        # "a"); it must name the option its text names
+        (" A) heat and light", None, None, "conflict"),
+        (" A. water", None, None, "conflict"),
+        (" B) heat and light", None, "B", "answer"),
+        (" (D) the wind", None, "D", "answer"),
+        (" A heat", "A", "A", "answer"),  # "A" before a word is the article
     ],
 )
 def test_option_text(completion, strict, lenient, status):
@@ -292,6 +306,12 @@ def test_option_text_keeps_options_apart_that_normalisation_would_merge():
     genes = mc_example(["WW or ww", "WW or Ww", "ww or ww"], 0)
     assert [fmt.strict(" " + c, genes).answer for c in genes.choices] == ["A", "B", "C"]
     assert fmt.chance(genes) == 1 / 3
+
+
+def test_an_option_text_that_opens_like_a_label_is_still_that_option():
+    fmt = OptionText()
+    names = mc_example(["A. Lincoln", "G. Washington"], 0)
+    assert fmt.strict(" A. Lincoln", names).answer == "A" and fmt.lenient(" G. Washington", names).answer == "B"
 
 
 def test_option_text_reads_every_arc_target_as_correct(mirror):

@@ -49,6 +49,14 @@ def test_interval_matches_the_binomial_interval():
     assert m.ci_high == pytest.approx(0.3 + half_width, abs=0.005)
 
 
+@pytest.mark.parametrize(("n", "k", "seed"), [(8, 3, 2), (20, 5, 1), (20, 15, 1)])
+def test_interval_bounds_are_scores_a_resample_can_have(n, k, seed):
+    # k of n: every resampled share is a multiple of 1/n, and so is each bound (never 90.125% of 20)
+    m = aggregate([_judged(i < k, False, False, False) for i in range(n)], seed=seed)["format_following"]
+    assert [round(bound * n, 6) % 1 for bound in (m.ci_low, m.ci_high)] == [0, 0], m
+    assert m.ci_low <= m.value <= m.ci_high
+
+
 def test_examples_are_resampled_jointly_across_metrics():
     # every formatted answer is correct: conditional accuracy is 1 in every joint resample, while
     # resampling the two columns separately would spread it widely

@@ -135,6 +135,14 @@ def test_paired_difference_detects_a_clear_shift():
     assert not small.excludes_zero  # a tiny shift on few rows is not called a difference
 
 
+def test_paired_difference_bounds_are_differences_a_resample_can_have():
+    rng = np.random.default_rng(5)
+    for n in (8, 20, 30):
+        a, b = (rng.random(n) < 0.6).astype(float), (rng.random(n) < 0.4).astype(float)
+        result = paired_difference(a, b, n_resamples=B, seed=n)
+        assert [round(bound * n, 6) % 1 for bound in (result.ci_low, result.ci_high)] == [0, 0], (n, result)
+
+
 def test_paired_difference_of_one_row_has_no_interval():
     result = paired_difference([1.0], [0.0])
     assert (result.value, result.ci_low, result.ci_high, result.excludes_zero) == (1.0, None, None, False)

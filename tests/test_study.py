@@ -387,6 +387,18 @@ def test_a_limit_that_keeps_every_filtered_row_is_no_limit(tmp_path, tiny_model_
     assert "--limit 4 is above the 3 rows its filter keeps of task capitals's test split" in caplog.text
 
 
+def test_demonstrations_that_all_give_one_answer_are_said(tmp_path, tiny_llama, caplog):
+    from softeval import evaluate, load_task
+
+    same = load_task(write_user_task(tmp_path, [ROWS[0]] * 6))  # every gold answer is A
+    evaluate(tiny_llama, same, "few-shot", k=3, limit=2, progress=False)
+    assert "the 3 demonstrations of capitals all answer A: few-shot answers may copy that letter" in caplog.text
+    caplog.clear()
+    (tmp_path / "mixed").mkdir()
+    evaluate(tiny_llama, load_task(write_user_task(tmp_path / "mixed", ROWS * 3)), "few-shot", k=3, limit=2, progress=False)
+    assert "demonstrations" not in caplog.text
+
+
 def test_one_task_given_twice_runs_once_and_two_tasks_of_one_name_are_refused(tmp_path, tiny_model_dirs):
     task = write_user_task(tmp_path, ROWS * 3)
     out = tmp_path / "out"

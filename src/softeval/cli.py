@@ -180,7 +180,7 @@ def finish(output: Path, reports) -> None:
     skipped = sum(r.status == "skipped" for r in reports)
     if skipped:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
-    stdout.print(metrics_table(results))
+    stdout.print(metrics_table(results, among=finished_cells(output)))  # other cells may be of another task version
     stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
     stdout.print(f"report: {output / PAGE}", highlight=False)
 

@@ -35,13 +35,15 @@ Option text (`option_text`): multiple choice answered with the option's words. S
 line equals one option's text. Lenient: the first line opens with one option's text, or exactly one
 option's text appears in it (a text inside a longer option's text counts for the longer one). Texts
 are compared as written (spacing, a final period and a leading article aside), then ignoring case,
-then after SQuAD normalisation, at the first level that names an option. The answer is recorded as
-that option's letter.
+then after SQuAD normalisation, at the first level that names an option. An option label opening
+the line ("A)", "A.", "(A)") is not the option's text: strict fails, and lenient reads the text after
+it, a `conflict` where the label is another option's. The answer is recorded as that option's letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional thousands separators and decimals and is not
-part of a fraction (`1/2` is no number here). Answers are compared as numbers (`1,250` =
-`1250.0`).
+part of a fraction (`1/2` is no number here); its sign is an ASCII or Unicode minus, next to it or
+to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
+as numbers (`1,250` = `1250.0`).
 
 Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` or `\\fbox{...}`
 (nested braces) or `\\boxed 9`; lenient also takes a final-answer line ("Final Answer: The final
@@ -358,6 +360,9 @@ class OptionText(MultipleChoice):
         line = _first_line(completion)
         if not line:
             return Reading.none("no_answer", "empty completion")
+        label = _option_label(line, example)
+        if label is not None:  # normalisation would read "A)" as the article and judge the text after it
+            return Reading.none("no_answer", f"starts with the option label {label[0].strip()!r}, not an option's text")
         for level in _text_levels():
             equal = [letter for letter, text in _option_texts(example, level) if text == level(line)]
             if len(equal) == 1:
@@ -368,6 +373,16 @@ class OptionText(MultipleChoice):
 
     def lenient(self, completion: str, example: Example) -> Reading:
         line = _first_line(completion)
+        label = _option_label(line, example)
+        if label is None:
+            return self._named_text(line, example)
+        # a label and the text after it must name the same option, as a letter and its echo must
+        reading = self._named_text(line[len(label[0]) :], example)
+        if reading.answer is not None and reading.answer != label[1]:
+            return Reading.none("conflict", f"label {label[0].strip()} but the text of option {reading.answer}")
+        return reading
+
+    def _named_text(self, line: str, example: Example) -> Reading:
         # an option's text opening the line commits to it, as a leading letter does
         for level in _text_levels():
             opening = _opening_option(level(line), _option_texts(example, level))
@@ -383,6 +398,21 @@ class OptionText(MultipleChoice):
             if named:
                 return Reading.none("ambiguous", f"names several options: {', '.join(named)}")
         return Reading.none("no_answer", "names no option's text")
+
+
+# "A)", "A.", "A:", "(A)" opening a line: an option label, not the article "a"
+_OPTION_LABEL = re.compile(r"\(?([A-Z])[.):]\)?(?=\s|$)\s*")
+
+
+def _option_label(line: str, example: Example) -> tuple[str, str] | None:
+    """The option label a line opens with (as written, with the spaces after it) and its letter;
+    None without one, or where an option's own text opens that way ("A. Lincoln")."""
+    match = _OPTION_LABEL.match(line)
+    if match is None or match.group(1) not in example.letters:
+        return None
+    if any(choice.strip().lower().startswith(match.group(0).strip().lower()) for choice in example.choices or []):
+        return None
+    return match.group(0), match.group(1)
 
 
 def _opening_option(said: str, texts: list[tuple[str, str]]) -> str | None:
@@ -425,13 +455,17 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 
 # --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
 
-# digits with optional thousands separators and decimals; not part of a fraction or a longer number
-NUMBER = r"(?<![\d.,/])-?[$]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
+# digits with optional thousands separators and decimals; not part of a fraction or a longer number.
+# The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
+NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
+# after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
+MARKED_NUMBER = rf"####\s*([-\u2212](?=\s+\d))?\s*({NUMBER})"
 
 
 def canonical_number(text: str) -> str | None:
-    """`1,250`, `$1250.00` and `1250` all read as "1250"; None for what is not a number."""
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    """`1,250`, `$1250.00` and `1250` all read as "1250", `\u22123` and `$-3` as "-3"; None for
+    what is not a number."""
+    cleaned = text.strip().replace(",", "").replace("$", "").replace("\u2212", "-").rstrip(".")
     try:
         value = float(cleaned)
     except ValueError:
@@ -455,10 +489,10 @@ class Number(AnswerFormat):
     def strict(self, completion: str, example: Example) -> Reading:
         if not completion.strip():
             return Reading.none("no_answer", "empty completion")
-        match = re.search(rf"####\s*({NUMBER})", completion)
+        match = re.search(MARKED_NUMBER, completion)
         if not match:
             return Reading.none("no_answer", "no '#### <number>' in the completion")
-        return Reading(canonical_number(match.group(1)))
+        return Reading(canonical_number((match.group(1) or "") + match.group(2)))
 
     def lenient(self, completion: str, example: Example) -> Reading:
         marked = self.strict(completion, example)

@@ -165,8 +165,10 @@ def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 100
                 rng=np.random.default_rng(seed),
             )
             # percentiles over the resamples where a metric is defined (conditional accuracy is
-            # undefined in a resample with no formatted answer)
-            low, high = np.nanpercentile(result.bootstrap_distribution, [2.5, 97.5], axis=-1)
+            # undefined in a resample with no formatted answer), each a resampled value: an
+            # interpolated bound (80.1% of 20 rows) is a score no resample had
+            low = np.nanpercentile(result.bootstrap_distribution, 2.5, axis=-1, method="lower")
+            high = np.nanpercentile(result.bootstrap_distribution, 97.5, axis=-1, method="higher")
     return {
         name: Metric(value=_clean(v), ci_low=_clean(lo), ci_high=_clean(hi))
         for name, v, lo, hi in zip(METRICS, values, low, high)

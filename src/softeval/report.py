@@ -43,26 +43,28 @@ def format_metric(m: Metric) -> str:
     return f"{100 * m.value:.1f}{ci}"
 
 
-def cell_flags(results: list) -> dict[int, list[str]]:
+def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]:
     """Why each cell's score may mean little, by the cell's `id`: its diagnostics' flags (at
-    chance, collapsed) and, where the cells of its task read different versions of the task's
-    spec or data, its version (their scores do not compare, whatever a table puts side by side)."""
-    by_task: dict[str, list] = {}
-    for r in results:
-        by_task.setdefault(r.config["task"], []).append(r)
+    chance, collapsed) and, where the cells of its task `among` the folder's (default: these)
+    read different versions of the task's spec or data, its version (their scores do not
+    compare, whatever a table puts side by side)."""
+    versions: dict[str, list] = {}
+    for r in results + (among or []):
+        known = versions.setdefault(r.config["task"], [])
+        if evaluated_on(r) not in known:
+            known.append(evaluated_on(r))
     flagged = {}
-    for cells in by_task.values():
-        versions = list(dict.fromkeys(evaluated_on(r) for r in cells))
-        for r in cells:
-            flagged[id(r)] = list(r.diagnostics.flags) if r.diagnostics else []
-            if len(versions) > 1:
-                spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
-                flagged[id(r)].append(f"task version {spec}/{data}, one of {len(versions)} here: rerun older cells with --force")
+    for r in results:
+        flagged[id(r)] = list(r.diagnostics.flags) if r.diagnostics else []
+        n_versions = len(versions[r.config["task"]])
+        if n_versions > 1:
+            spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
+            flagged[id(r)].append(f"task version {spec}/{data}, one of {n_versions} here: rerun older cells with --force")
     return flagged
 
 
-def rows(results: list) -> list[list[str]]:
-    flagged = cell_flags(results)
+def rows(results: list, among: list | None = None) -> list[list[str]]:
+    flagged = cell_flags(results, among)
     return [
         [r.config["model"], r.config["task"], cell_label(r.config), str(len(r.samples))]
         + [format_metric(r.metrics[name]) for name in METRICS]
@@ -71,11 +73,12 @@ def rows(results: list) -> list[list[str]]:
     ]
 
 
-def metrics_table(results: list, title: str = "softeval results (%, 95% CI)") -> Table:
+def metrics_table(results: list, title: str = "softeval results (%, 95% CI)", among: list | None = None) -> Table:
+    """A terminal table of `results`, flagged as the folder's cells `among` which they sit."""
     table = Table(title=title)
     for header in ["model", "task", "method", "n", *(SHORT[m] for m in METRICS), "flags"]:
         table.add_column(header, justify="left" if header in ("model", "task", "method", "flags") else "right")
-    for row in rows(results):
+    for row in rows(results, among):
         table.add_row(*row)
     return table
 

@@ -243,7 +243,8 @@ def _estimate(value: float | None, boot: np.ndarray) -> Estimate:
     if defined.size == 0:
         return Estimate(value=float(_round(value)), ci_low=None, ci_high=None)
     tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = _round(np.percentile(defined, [tail, 100 - tail]))
+    # resampled values, not interpolations between two: every bound is a value a resample had
+    low, high = _round(np.array([np.percentile(defined, tail, method="lower"), np.percentile(defined, 100 - tail, method="higher")]))
     return Estimate(value=float(_round(value)), ci_low=float(low), ci_high=float(high))
 
 
