@@ -51,10 +51,12 @@ def assert_nothing_written(out):
 # --- data files -------------------------------------------------------------------------------------
 
 
-def test_an_unreachable_hub_is_one_line_without_retries(tmp_path, monkeypatch, capsys, no_model_loading):
+@pytest.fixture
+def unreachable_hub(monkeypatch, tmp_path):
+    """The hub's endpoint where nothing listens (the discard port), and empty local caches."""
     from huggingface_hub import constants
 
-    from softeval.data import hub_unreachable
+    from softeval.hub import hub_unreachable
 
     monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
     for proxy in ("http", "https", "all", "no"):
@@ -63,15 +65,28 @@ def test_an_unreachable_hub_is_one_line_without_retries(tmp_path, monkeypatch, c
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", False)
     monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "empty-cache")
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     hub_unreachable.cache_clear()
-    try:
-        line = user_sees(monkeypatch, capsys, "eval", "--model", ALIAS, "--task", "arc_easy", "--output", tmp_path / "out")
-    finally:
-        hub_unreachable.cache_clear()
+    yield
+    hub_unreachable.cache_clear()
+
+
+def test_an_unreachable_hub_is_one_line_without_retries(tmp_path, monkeypatch, capsys, no_model_loading, unreachable_hub):
+    line = user_sees(monkeypatch, capsys, "eval", "--model", ALIAS, "--task", "arc_easy", "--output", tmp_path / "out")
     assert line.startswith("error: task arc_easy: cannot load allenai/ai2_arc (test) from the Hugging Face hub (127.0.0.1:9 is not reachable: ")
     assert line.endswith("is not reachable: Connection refused, and the datasets cache does not hold it); pass --data-dir with a local mirror or set $SOFTEVAL_DATA_DIR")
     assert_nothing_written(tmp_path / "out")
+
+
+def test_a_hub_model_without_the_hub_is_one_line_without_retries(tmp_path, unreachable_hub):
+    from softeval.models import load_model
+
+    with pytest.raises(SoftevalError) as error:
+        load_model("softeval-tests/no-such-model")
+    assert str(error.value) == (
+        "cannot load model 'softeval-tests/no-such-model' from the hub (127.0.0.1:9 is not reachable: Connection refused), "
+        "and the Hugging Face cache does not hold it; give a local folder, a .gguf file or an alias"
+    )
 
 
 def test_jsonl_that_is_not_utf8(tmp_path, monkeypatch, capsys, no_model_loading):

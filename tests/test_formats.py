@@ -246,6 +246,8 @@ def test_multiple_choice_edge_cases(completion, reading, status):
         (" #### - 3", "-3", "-3"),  # a sign apart from its number, after the marker
         (" #### $-3", "-3", "-3"),
         (" #### -$3", "-3", "-3"),
+        (" #### - $3", "-3", "-3"),
+        (" ####\n- 3 eggs\n#### 7", "7", "7"),  # a bullet on the next line is no sign
         (" 10 - 3", None, "3"),  # elsewhere, a subtraction
         (" so it is \u22125 degrees", None, "-5"),
     ],
@@ -283,10 +285,10 @@ HEAT = mc_example(["heat", "heat and light", "water", "the wind"], 1)
         (" steam", None, None, "no_answer"),
         ("", None, None, "no_answer"),
         # an option label is not the option's text (normalisation would drop "A)" as the article
-        # "a"); it must name the option its text names
-        (" A) heat and light", None, None, "conflict"),
-        (" A. water", None, None, "conflict"),
-        (" B) heat and light", None, "B", "answer"),
+        # "a"); lenient reads the text after it (the options are not lettered in the prompt)
+        (" A) heat and light", None, "B", "answer"),
+        (" a) heat and light", None, "B", "answer"),
+        (" A. water", None, "C", "answer"),
         (" (D) the wind", None, "D", "answer"),
         (" A heat", "A", "A", "answer"),  # "A" before a word is the article
     ],
@@ -310,8 +312,9 @@ def test_option_text_keeps_options_apart_that_normalisation_would_merge():
 
 def test_an_option_text_that_opens_like_a_label_is_still_that_option():
     fmt = OptionText()
-    names = mc_example(["A. Lincoln", "G. Washington"], 0)
+    names = mc_example(["A. Lincoln", "G. Washington", "Washington"], 0)
     assert fmt.strict(" A. Lincoln", names).answer == "A" and fmt.lenient(" G. Washington", names).answer == "B"
+    assert fmt.strict(" A. Washington", names).answer is None  # another option's text after a label
 
 
 def test_option_text_reads_every_arc_target_as_correct(mirror):

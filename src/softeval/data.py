@@ -8,26 +8,21 @@ reported by file and line.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
-import socket
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from urllib.parse import urlparse
-from urllib.request import getproxies
 
 from jinja2 import Undefined
 
 from softeval._io import file_sha256, read_utf8
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
+from softeval.hub import hub_unreachable, offline
 from softeval.task import EXPRESSION_ERRORS, TaskSpec, compile_fields, keeps
 
 DATA_ENV = "SOFTEVAL_DATA_DIR"
-HUB_PROBE_SECONDS = 3.0  # an unreachable hub is told in this long, not after datasets' ~30 s of retries
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -155,7 +150,7 @@ def _read_hub(spec: TaskSpec, split: str) -> list[tuple[dict, str]]:
     unreachable = hub_unreachable()
     try:
         # where the hub cannot be reached, datasets reads its own cache at once instead of retrying
-        with _offline() if unreachable else nullcontext():
+        with offline() if unreachable else nullcontext():
             table = datasets.load_dataset(spec.dataset.path, spec.dataset.config, split=split)
     except Exception as exc:  # noqa: BLE001 - network and hub errors come in many types
         reason = f"{unreachable}, and the datasets cache does not hold it" if unreachable else type(exc).__name__
@@ -165,41 +160,6 @@ def _read_hub(spec: TaskSpec, split: str) -> list[tuple[dict, str]]:
         ) from exc
     name = f"hub:{spec.dataset.path}/{spec.dataset.config}/{split}"
     return [(row, f"{name}[{i}]") for i, row in enumerate(table)]
-
-
-@functools.cache
-def hub_unreachable() -> str | None:
-    """Why the hub cannot be reached, or None. Offline mode reads the datasets cache and needs no
-    hub, and behind a proxy only the proxy can tell: neither is probed. The probe is one connect
-    of at most HUB_PROBE_SECONDS per address of the endpoint, after its name resolves."""
-    import datasets
-    from huggingface_hub import constants
-
-    behind_proxy = any(scheme != "no" for scheme in getproxies())  # no_proxy alone names no proxy
-    if datasets.config.HF_HUB_OFFLINE or behind_proxy:
-        return None
-    endpoint = urlparse(constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((endpoint.hostname, port), timeout=HUB_PROBE_SECONDS).close()
-    except OSError as exc:
-        return f"{endpoint.hostname}:{port} is not reachable: {exc.strerror or exc}"
-    return None
-
-
-@contextmanager
-def _offline() -> Iterator[None]:
-    """Offline mode for one load, as HF_HUB_OFFLINE=1 sets it: both libraries read these flags
-    at call time."""
-    import datasets
-    from huggingface_hub import constants
-
-    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
 
 
 def _keeps(spec: TaskSpec, row: dict, source: str) -> bool:

@@ -140,10 +140,11 @@ def evaluate(
     eval_data = data_identity(spec, spec.dataset.eval_split, data_dir)
     shots = k if method == "few-shot" else 0
     demos = choose_demos(spec, load_examples(spec, spec.dataset.fewshot_split, data_dir), shots, seed) if shots else []
-    answers = {d.answer for d in demos[:shots]}
-    if shots > 1 and spec.format.has_options and len(answers) == 1:
+    picked = demos[:shots]  # (a row among them is shown the spare demonstration instead)
+    answers = {d.answer for d in picked}
+    if len(picked) > 1 and spec.format.has_options and len(answers) == 1:
         log.warning("the %d demonstrations of %s all answer %s: few-shot answers may copy that letter (watch the collapse flag, or try another --seed)",
-                    shots, spec.name, answers.pop())
+                    len(picked), spec.name, answers.pop())
     n_soft = 0 if vectors is None else vectors.shape[0]
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
     applied = lora_applied(lm, adapter.peft_config(), adapter.weights) if adapter else nullcontext()

@@ -36,8 +36,9 @@ line equals one option's text. Lenient: the first line opens with one option's t
 option's text appears in it (a text inside a longer option's text counts for the longer one). Texts
 are compared as written (spacing, a final period and a leading article aside), then ignoring case,
 then after SQuAD normalisation, at the first level that names an option. An option label opening
-the line ("A)", "A.", "(A)") is not the option's text: strict fails, and lenient reads the text after
-it, a `conflict` where the label is another option's. The answer is recorded as that option's letter.
+the line ("A)", "A.", "(A)") is not the option's text, and normalisation must not read it as the
+article: strict fails, and lenient reads the text after it. The answer is recorded as that option's
+letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional thousands separators and decimals and is not
@@ -362,7 +363,7 @@ class OptionText(MultipleChoice):
             return Reading.none("no_answer", "empty completion")
         label = _option_label(line, example)
         if label is not None:  # normalisation would read "A)" as the article and judge the text after it
-            return Reading.none("no_answer", f"starts with the option label {label[0].strip()!r}, not an option's text")
+            return Reading.none("no_answer", f"starts with the option label {label.strip()!r}, not an option's text")
         for level in _text_levels():
             equal = [letter for letter, text in _option_texts(example, level) if text == level(line)]
             if len(equal) == 1:
@@ -373,16 +374,10 @@ class OptionText(MultipleChoice):
 
     def lenient(self, completion: str, example: Example) -> Reading:
         line = _first_line(completion)
+        # the text is the answer: a label before it is a habit (the options are not lettered)
         label = _option_label(line, example)
-        if label is None:
-            return self._named_text(line, example)
-        # a label and the text after it must name the same option, as a letter and its echo must
-        reading = self._named_text(line[len(label[0]) :], example)
-        if reading.answer is not None and reading.answer != label[1]:
-            return Reading.none("conflict", f"label {label[0].strip()} but the text of option {reading.answer}")
-        return reading
-
-    def _named_text(self, line: str, example: Example) -> Reading:
+        if label is not None:
+            line = line[len(label) :]
         # an option's text opening the line commits to it, as a leading letter does
         for level in _text_levels():
             opening = _opening_option(level(line), _option_texts(example, level))
@@ -400,19 +395,20 @@ class OptionText(MultipleChoice):
         return Reading.none("no_answer", "names no option's text")
 
 
-# "A)", "A.", "A:", "(A)" opening a line: an option label, not the article "a"
-_OPTION_LABEL = re.compile(r"\(?([A-Z])[.):]\)?(?=\s|$)\s*")
+# "A)", "A.", "A:", "(A)" (or lower case) opening a line: an option label, not the article "a"
+_OPTION_LABEL = re.compile(r"\(?([A-Za-z])[.):]\)?(?=\s|$)\s*")
 
 
-def _option_label(line: str, example: Example) -> tuple[str, str] | None:
-    """The option label a line opens with (as written, with the spaces after it) and its letter;
-    None without one, or where an option's own text opens that way ("A. Lincoln")."""
+def _option_label(line: str, example: Example) -> str | None:
+    """The option label a line opens with, as written with the spaces after it; None without one,
+    or where the line opens with an option whose own text starts that way ("A. Lincoln")."""
     match = _OPTION_LABEL.match(line)
-    if match is None or match.group(1) not in example.letters:
+    if match is None or match.group(1).upper() not in example.letters:
         return None
-    if any(choice.strip().lower().startswith(match.group(0).strip().lower()) for choice in example.choices or []):
+    label, opening = match.group(0).strip().lower(), line.lower()
+    if any(c.strip().lower().startswith(label) and opening.startswith(c.strip().lower()) for c in example.choices or []):
         return None
-    return match.group(0), match.group(1)
+    return match.group(0)
 
 
 def _opening_option(said: str, texts: list[tuple[str, str]]) -> str | None:
@@ -459,7 +455,7 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
 NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
-MARKED_NUMBER = rf"####\s*([-\u2212](?=\s+\d))?\s*({NUMBER})"
+MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
 
 
 def canonical_number(text: str) -> str | None:

@@ -22,6 +22,7 @@ from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
 from softeval.errors import SoftevalError
+from softeval.hub import hub_unreachable, offline
 from softeval.memory import keep_freed_memory, release_freed_memory
 from softeval.progress import console
 
@@ -179,14 +180,20 @@ def load_model(
         where, source = str(path), {"folder": str(path.resolve())}
     else:
         where, source = spec, {"hub_id": spec}
+    # a hub that cannot be reached leaves the Hugging Face cache, read at once instead of retrying
+    unreachable = hub_unreachable() if kind == "hub" else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
-        # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
-        with _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
-            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        with offline() if unreachable else nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
+            # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
+            with _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
+                model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     except SoftevalError:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        if unreachable:
+            raise SoftevalError(f"cannot load model '{spec}' from the hub ({unreachable}), and the Hugging Face cache does not hold it; "
+                                "give a local folder, a .gguf file or an alias") from exc
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = "check the hub id and your network, or give a local folder" if "hub_id" in source else "check the file"
         raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
