@@ -35,12 +35,12 @@ from softeval.page import PAGE, write_page
 from softeval.preflight import check_before_work, check_output
 from softeval.progress import console, stdout
 from softeval.rank import rank_study, ranking_table
-from softeval.report import finished_cells, metrics_table, write_comparison
+from softeval.report import cell_key, finished_cells, metrics_table, write_comparison
 from softeval.study import (
     LoraSettings,
     Reference,
     Study,
-    load_results,
+    cell_folder,
     load_study,
     run_study,
 )
@@ -176,11 +176,14 @@ def validated(model: type, option_names: dict[str, str] | None = None, **values)
 
 def finish(output: Path, reports) -> None:
     """The cells of this command as a table, and where the comparison is."""
-    results = load_results([r.folder for r in reports])
+    # the folder's cells are read once: this command's are shown, all of them set the version flags
+    cells = finished_cells(output)
+    by_folder = {cell_folder(output, *cell_key(r)): r for r in cells}
+    results = [by_folder[r.folder] for r in reports if r.folder in by_folder]
     skipped = sum(r.status == "skipped" for r in reports)
     if skipped:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
-    stdout.print(metrics_table(results, among=finished_cells(output)))  # other cells may be of another task version
+    stdout.print(metrics_table(results, among=cells))
     stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
     stdout.print(f"report: {output / PAGE}", highlight=False)
 

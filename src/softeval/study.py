@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from softeval._io import read_yaml_mapping, write_json_atomic
 from softeval.errors import SoftevalError, validation_problem
-from softeval.evaluate import METHODS, TUNED, EvalResult, cell_identity, evaluate, identity_difference
+from softeval.evaluate import METHODS, TUNED, cell_identity, evaluate, identity_difference
 from softeval.lora import WEIGHTS, Adapter, load_adapter
 from softeval.metrics import ROW_METRICS
 from softeval.models import LoadedModel, load_model, model_name
@@ -424,6 +424,3 @@ def record_models(output: Path, models: list[ModelEntry]) -> None:
         }
     write_json_atomic(path, known)
 
-
-def load_results(folders: list[Path]) -> list[EvalResult]:
-    return [EvalResult.load(f) for f in folders if (f / "results.json").is_file()]
