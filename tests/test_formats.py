@@ -10,7 +10,7 @@ from conftest import ROWS, mc_example, qa_example, write_user_task
 
 from softeval import SoftevalError, load_examples, load_task
 from softeval.prompts import target_text
-from softeval.formats import Math, MultipleChoice, Number, OptionText, ShortAnswer, normalize
+from softeval.formats import Math, MultipleChoice, Number, OptionText, ShortAnswer, canonical_number, normalize
 
 SPORE = mc_example(["seed", "spore", "pollen", "immature flower"], 1)
 FIGHT = mc_example(["call a teacher", "break up the fight", "walk away", "index fossils"], 0)
@@ -256,6 +256,43 @@ def test_number_edge_cases(completion, strict, lenient):
     fmt = Number()
     assert fmt.strict(completion, GSM).answer == strict
     assert fmt.lenient(completion, GSM).answer == lenient
+
+
+def test_a_cut_number_completion_gives_no_guess_from_where_it_stopped():
+    fmt = Number()
+    looping = " Step 1: 48 + 24 = 72\nStep 2: 72 * 2 = 144\nStep 3: Determine the total = 144 + 2 = "
+    assert fmt.lenient(looping, GSM).answer == "2"  # had it ended there: its last number
+    cut = fmt.lenient(looping, GSM, cut=True)
+    assert cut.answer is None and "token limit" in cut.note
+    # a stated or marked answer before the cut still counts: the last one it stated
+    assert fmt.lenient(" The answer is 70.\nThe answer is 72.\nThe ans", GSM, cut=True).answer == "72"
+    assert fmt.lenient(" So the final answer is: $-72, as", GSM, cut=True).answer == "-72"
+    assert fmt.lenient(" Answer: 72 clips, since 48 + 24 = 72 and then", GSM, cut=True).answer == "72"
+    # a sum is not its first term; finished, the completion's last number is its result
+    assert fmt.lenient(" The answer is 6 + 3 = 9.\nThen 9 * 2 is", GSM, cut=True).answer is None
+    assert fmt.lenient(" The answer is 6 + 3 = 9.", GSM).answer == "9"
+    assert fmt.lenient(" To answer this, 48 + 24 = 72, so", GSM, cut=True).answer is None
+    assert fmt.strict(" So #### 72\nQuestion 2 and more", GSM, cut=True).answer == "72"
+    # the last word may be unfinished: "#### 7" could have gone on to "#### 72"
+    assert fmt.strict(" 48 + 24 = 72\n#### 7", GSM, cut=True).answer is None
+    assert fmt.strict(" 48 + 24 = 72\n#### 7", GSM).answer == "7"
+
+
+def test_math_cut_reads_no_unfinished_final_answer():
+    fmt = Math()
+    SEVEN = qa_example("7")
+    assert fmt.lenient(" Final Answer: 12", SEVEN, cut=True).answer is None  # "12" of "125"?
+    assert fmt.lenient(" Final Answer: 12", SEVEN).answer == "12"
+    assert fmt.strict(" so \\boxed{7}", SEVEN, cut=True).answer == "7"  # a closed brace is finished
+
+
+def test_numbers_compare_exactly_at_any_length():
+    assert canonical_number("1." + "0" * 40 + "1") != canonical_number("1")  # a float would equal them
+    assert canonical_number("0" * 150) == "0"
+    assert canonical_number("1" + "0" * 150) == "1" + "0" * 150  # a float reads 9999...
+    assert canonical_number("1.50") == canonical_number("1.5") == "1.5"
+    assert canonical_number("1e999999999") == "1E+999999999"  # kept short, not written out
+    assert canonical_number("nan") is None and canonical_number("inf") is None
 
 
 def test_readable_alias_keeps_capitals_without_an_ordinary_alias():

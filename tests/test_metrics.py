@@ -100,11 +100,11 @@ def test_open_ended_knowledge_is_lenient_accuracy():
     assert record.format_ok is False and record.knowledge_correct is True
 
 
-def _sample(strict: str | None, gold: str, completion: str = " x", status: str = "answer") -> Sample:
+def _sample(strict: str | None, gold: str, completion: str = " x", status: str = "answer", stop_reason: str = "stop") -> Sample:
     judged = _judged(strict is not None, strict == gold, False, False).model_dump() | {"strict_answer": strict, "lenient_status": status}
     return Sample(
         index=0, source="t", prompt="p", n_demos=0, truncated=False, raw_completion=completion, completion=completion,
-        stop_reason="stop", gold=gold, choices=["a", "b", "c", "d"], **judged,
+        stop_reason=stop_reason, gold=gold, choices=["a", "b", "c", "d"], **judged,
     )
 
 
@@ -147,3 +147,18 @@ def test_open_ended_cells_report_empty_and_ambiguous_shares():
     d = diagnose(samples, aggregate(samples)["task_accuracy"], chance=None)
     assert (d.empty_share, d.ambiguous_share) == (0.2, 0.3)
     assert d.answer_distribution is None and not d.collapsed
+
+
+def test_cuts_at_the_token_limit_are_flagged_where_the_answer_comes_last():
+    # 3 of 20 completions ran to the token limit: before their answer, for a number or math task
+    samples = [_sample("x" if i % 2 else None, "x", stop_reason="length" if i < 3 else "eos") for i in range(20)]
+    accuracy = aggregate(samples)["task_accuracy"]
+    last = diagnose(samples, accuracy, chance=None, answer_last=True)
+    assert last.cut_share == 0.15 and last.many_cut
+    assert last.flags == ["15% cut at the token limit"]
+    # a letter or a short answer comes first: a cut after it says nothing of the score
+    first = diagnose(samples, accuracy, chance=None)
+    assert first.cut_share == 0.15 and first.flags == []
+    # one cut in 25 is under the 5% that is flagged
+    few = diagnose(samples[2:] + [_sample("x", "x")] * 7, accuracy, chance=None, answer_last=True)
+    assert few.cut_share == 0.04 and not few.many_cut

@@ -418,3 +418,27 @@ def test_ray_alone_means_a_local_cluster():
     assert with_ray_default(["study", "s.yaml", "--ray"]) == ["study", "s.yaml", "--ray", "local"]
     assert with_ray_default(["run", "--ray", "--force"]) == ["run", "--ray", "local", "--force"]
     assert with_ray_default(["run", "--ray", "ray://head:10001"]) == ["run", "--ray", "ray://head:10001"]
+
+
+def test_a_reused_cell_is_judged_again_by_the_current_parsers(tmp_path, tiny_model_dirs, caplog):
+    task = write_user_task(tmp_path, ROWS * 3)
+    out = tmp_path / "out"
+    evaluate = lambda: run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--limit", 4, "--output", out)  # noqa: E731
+    assert evaluate().exit_code == 0
+    folder = next(out.glob("*/capitals/zero-shot"))
+    samples_path, results_path = folder / "samples.jsonl", folder / "results.json"
+    judged, results = samples_path.read_text(), json.loads(results_path.read_text())
+    # as a version whose parser read the first completion otherwise would have left it
+    rows = [json.loads(line) for line in judged.splitlines()]
+    rows[0] |= {"strict_answer": rows[0]["gold"], "strict_failure": None, "format_ok": True, "task_correct": not rows[0]["task_correct"]}
+    samples_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stale = results | {"metrics": results["metrics"] | {"task_accuracy": {"value": 0.99, "ci_low": 0.9, "ci_high": 1.0}}}
+    results_path.write_text(json.dumps(stale))
+
+    again = evaluate()
+    assert again.exit_code == 0 and "1 of 1 cells were finished already" in again.output
+    assert "1 completions are judged otherwise by this version's parsers; its scores are updated" in caplog.text
+    assert samples_path.read_text() == judged  # judged from its completions as the first run did
+    rejudged = json.loads(results_path.read_text())
+    assert rejudged["metrics"] == results["metrics"] and rejudged["diagnostics"] == results["diagnostics"]
+    assert rejudged["created"] == results["created"] and rejudged["versions"]["judged_by"]

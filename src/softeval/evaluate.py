@@ -51,6 +51,7 @@ class EvalResult:
     versions: dict = field(default_factory=dict)
     identity: dict = field(default_factory=dict)  # what the cell's results depend on (see cell_identity)
     tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
+    created: str | None = None  # when the cell was evaluated; None: now
 
     def to_json(self) -> dict:
         return {
@@ -65,7 +66,7 @@ class EvalResult:
             "data": self.data,
             "timings_s": self.timings,
             "versions": self.versions,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": self.created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
 
     @classmethod
@@ -86,6 +87,7 @@ class EvalResult:
             versions=saved.get("versions", {}),
             identity=saved.get("identity", {}),
             tuning=saved.get("tuning"),
+            created=saved.get("created"),
         )
 
     def save(self, folder: str | Path) -> Path:
@@ -171,10 +173,8 @@ def evaluate(
         "max_new_tokens": spec.max_new_tokens,
         "stop": spec.stop,
     }
-    metrics = aggregate(samples, seed=seed)
+    metrics, diagnostics = scores(spec, examples, samples, seed)
     tuned = soft_prompt or adapter
-    answer_format = spec.format
-    chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
     return EvalResult(
         config=config,
         metrics=metrics,
@@ -183,11 +183,45 @@ def evaluate(
         data=eval_data,
         timings={k: round(v, 3) for k, v in timings.items()},
         n_truncated=n_truncated,
-        diagnostics=diagnose(samples, metrics["task_accuracy"], chance),
+        diagnostics=diagnostics,
         versions=package_versions(),
         identity=cell_identity(lm, spec, method, chat=chat, k=shots, limit=limit, seed=seed, data_dir=data_dir, tuned=tuned),
         tuning=None if tuned is None else tuning_record(tuned),
     )
+
+
+def scores(spec: TaskSpec, examples: list[Example], samples: list[Sample], seed: int) -> tuple[dict[str, Metric], Diagnostics]:
+    """A cell's metrics with their intervals, and the diagnostics that say when they mean little."""
+    metrics = aggregate(samples, seed=seed)
+    answer_format = spec.format
+    chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
+    return metrics, diagnose(samples, metrics["task_accuracy"], chance, answer_last=answer_format.answer_last)
+
+
+def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int) -> int | None:
+    """Judge a finished cell's completions again by this version's parsers, which may read them
+    otherwise than the version that evaluated the cell, and rewrite the cell if anything it
+    records changed: a reused cell is scored by the rules of the cells evaluated beside it.
+    Returns how many completions are judged differently; None when nothing changed."""
+    result = EvalResult.load(folder)
+    examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
+    by_index = {e.index: e for e in examples}
+    if any(s.index not in by_index for s in result.samples):
+        raise SoftevalError(f"{folder}: its rows are not those of task {spec.name}'s data; evaluate it again with --force")
+    answer_format = spec.format
+    samples = []
+    for s in result.samples:
+        loglikelihoods = None if s.option_loglikelihoods is None else [float("-inf") if x is None else x for x in s.option_loglikelihoods]
+        judgement = score_sample(answer_format, by_index[s.index], s.completion, loglikelihoods, cut=s.stop_reason == "length")
+        samples.append(s.model_copy(update=judgement.model_dump()))
+    metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"])
+    if samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics:
+        return None
+    changed = sum(new != old for new, old in zip(samples, result.samples))
+    result.samples, result.metrics, result.diagnostics = samples, metrics, diagnostics
+    result.versions = result.versions | {"judged_by": version("softeval")}
+    result.save(folder)
+    return changed
 
 
 def cell_identity(lm: LoadedModel, spec: TaskSpec, method: str, *, chat: bool, k: int, limit: int | None, seed: int,
@@ -268,7 +302,8 @@ def run_examples(
     answer_format = spec.format
     samples = []
     for i, (example, prompt, completion) in enumerate(zip(examples, prompts, completions)):
-        judgement = score_sample(answer_format, example, completion.text, loglikelihoods[i] if loglikelihoods else None)
+        judgement = score_sample(answer_format, example, completion.text, loglikelihoods[i] if loglikelihoods else None,
+                                 cut=completion.stop_reason == "length")
         sample = Sample(
             index=example.index,
             source=example.source,

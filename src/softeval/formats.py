@@ -44,7 +44,12 @@ Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that numbe
 one, else the last number. A number has optional thousands separators and decimals and is not
 part of a fraction (`1/2` is no number here); its sign is an ASCII or Unicode minus, next to it or
 to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
-as numbers (`1,250` = `1250.0`).
+as exact decimal numbers (`1,250` = `1250.0`).
+
+Numbers and math put the answer last, after the reasoning (`answer_last`). A completion cut at the
+token limit is read without its last word, which may be unfinished (`#### 12` of `#### 125`).
+Its last number is wherever the limit fell, not an answer: lenient takes the last number it stated
+as its answer instead ("The answer is 18", "Answer: 18"; not "The answer is 6 + 3 = 9"), or none.
 
 Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` or `\\fbox{...}`
 (nested braces) or `\\boxed 9`; lenient also takes a final-answer line ("Final Answer: The final
@@ -69,6 +74,7 @@ import string
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import ClassVar, Literal
 
@@ -154,11 +160,16 @@ class AnswerFormat(ABC):
             raise SoftevalError(f"{source}: field 'question' is empty or not text")
         return Example(index=index, source=source, row=row, question=question, answer="")
 
+    # The answer ends the completion, after any reasoning (numbers, math): a completion cut at the
+    # token limit may stop short of it, and its last word may be unfinished ("#### 12" of "#### 125").
+    answer_last: ClassVar[bool] = False
+
+    # `cut`: generation stopped at the token limit, not at a stop string or the end of sequence.
     @abstractmethod
-    def strict(self, completion: str, example: Example) -> Reading: ...
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading: ...
 
     @abstractmethod
-    def lenient(self, completion: str, example: Example) -> Reading: ...
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading: ...
 
     @abstractmethod
     def is_correct(self, answer: str | None, example: Example) -> bool: ...
@@ -221,7 +232,7 @@ class MultipleChoice(AnswerFormat):
         example.cloze_contexts, example.cloze_continuation = _partial_scoring(values, len(choices), source)
         return example
 
-    def strict(self, completion: str, example: Example) -> Reading:
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         text = _first_line(completion)
         if not text:
             return Reading.none("no_answer", "empty completion")
@@ -235,7 +246,7 @@ class MultipleChoice(AnswerFormat):
             return Reading.none("no_answer", f"does not start with an option letter: {text[:30]!r}")
         return self.read(text, example)
 
-    def lenient(self, completion: str, example: Example) -> Reading:
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         return self.read(_first_line(completion), example)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
@@ -357,7 +368,7 @@ class OptionText(MultipleChoice):
 
     name = "option_text"
 
-    def strict(self, completion: str, example: Example) -> Reading:
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         line = _first_line(completion)
         if not line:
             return Reading.none("no_answer", "empty completion")
@@ -372,7 +383,7 @@ class OptionText(MultipleChoice):
                 return Reading.none("ambiguous", f"equals the text of several options: {', '.join(equal)}")
         return Reading.none("no_answer", f"first line is not one option's text: {line[:30]!r}")
 
-    def lenient(self, completion: str, example: Example) -> Reading:
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         line = _first_line(completion)
         # the text is the answer: a label before it is a habit (the options are not lettered)
         label = _option_label(line, example)
@@ -456,22 +467,41 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
+# "The answer is 18", "the final answer is: $18", "Answer: 18": a number the completion states as its
+# answer ("The answer is 6 + 3 = 9" states a sum, not 6)
+STATED_NUMBER = re.compile(rf"\banswer(?:\s+is\b\s*:?|\s*:)\s*({NUMBER})(?!\s*[-+*/\u00d7\u00f7=^])", re.IGNORECASE)
+_MAX_DIGITS = 1000
 
 
 def canonical_number(text: str) -> str | None:
     """`1,250`, `$1250.00` and `1250` all read as "1250", `\u22123` and `$-3` as "-3"; None for
-    what is not a number."""
+    what is not a number. Exact at any length: decimal, not floating-point, arithmetic."""
     cleaned = text.strip().replace(",", "").replace("$", "").replace("\u2212", "-").rstrip(".")
     try:
-        value = float(cleaned)
-    except ValueError:
+        value = Decimal(cleaned)
+    except InvalidOperation:
         return None
-    return str(int(value)) if value.is_integer() else repr(value)
+    if not value.is_finite():
+        return None
+    if abs(value.adjusted()) > _MAX_DIGITS:  # written out, "1e999999999" would fill the memory
+        return str(value)
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value, "f").rstrip("0")  # exact: normalize() would round to 28 digits
+
+
+def _finished_part(completion: str, cut: bool) -> str:
+    """A completion cut at the token limit without its last word, which may be unfinished
+    ("#### 12" of "#### 125"); a word that closes a brace or a `$` is finished."""
+    if not cut or re.search(r"[}$]\Z", completion):
+        return completion
+    return re.sub(r"\S+\Z", "", completion)
 
 
 class Number(AnswerFormat):
     name = "number"
     fields = ("question", "answer", "solution")
+    answer_last = True
 
     def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
         example = super().example(values, index=index, source=source, row=row)
@@ -482,18 +512,23 @@ class Number(AnswerFormat):
         example.solution = values.get("solution")
         return example
 
-    def strict(self, completion: str, example: Example) -> Reading:
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         if not completion.strip():
             return Reading.none("no_answer", "empty completion")
-        match = re.search(MARKED_NUMBER, completion)
+        match = re.search(MARKED_NUMBER, _finished_part(completion, cut))
         if not match:
             return Reading.none("no_answer", "no '#### <number>' in the completion")
         return Reading(canonical_number((match.group(1) or "") + match.group(2)))
 
-    def lenient(self, completion: str, example: Example) -> Reading:
-        marked = self.strict(completion, example)
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
+        marked = self.strict(completion, example, cut=cut)
         if marked.answer is not None:  # the completion's own "#### <number>" is its answer
             return marked
+        if cut:  # its last number is wherever the token limit fell: only an answer it stated counts
+            stated = STATED_NUMBER.findall(_finished_part(completion, cut))
+            if stated:
+                return Reading(canonical_number(stated[-1]))
+            return Reading.none("no_answer", "cut at the token limit before an answer ('####' or 'the answer is N')")
         numbers = re.findall(NUMBER, completion)
         return Reading(canonical_number(numbers[-1])) if numbers else Reading.none("no_answer", "no number")
 
@@ -565,7 +600,7 @@ class ShortAnswer(AnswerFormat):
             return (same_words or same_answer)[0]
         return " ".join(w.capitalize() if len(w) >= 5 and w.isalpha() and w.isupper() else w for w in gold.split(" "))
 
-    def strict(self, completion: str, example: Example) -> Reading:
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         line = _first_line(completion)
         if not line:
             return Reading.none("no_answer", "empty completion")
@@ -576,7 +611,7 @@ class ShortAnswer(AnswerFormat):
             return Reading.none("ambiguous", "lists several candidate answers")
         return Reading(line)
 
-    def lenient(self, completion: str, example: Example) -> Reading:
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         line = _first_line(completion)
         if not line:
             return Reading.none("no_answer", "empty completion")
@@ -660,6 +695,7 @@ def final_answer_line(text: str) -> str | None:
 class Math(AnswerFormat):
     name = "math"
     fields = ("question", "answer", "solution")
+    answer_last = True
 
     def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
         example = super().example(values, index=index, source=source, row=row)
@@ -674,17 +710,17 @@ class Math(AnswerFormat):
         example.solution = values.get("solution")
         return example
 
-    def strict(self, completion: str, example: Example) -> Reading:
-        boxed = last_boxed(completion)
+    def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
+        boxed = last_boxed(_finished_part(completion, cut))
         if boxed is None:
             return Reading.none("no_answer", "no \\boxed{} answer")
         return Reading(boxed) if boxed else Reading.none("no_answer", "an empty \\boxed{}")
 
-    def lenient(self, completion: str, example: Example) -> Reading:
-        boxed = self.strict(completion, example)
+    def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
+        boxed = self.strict(completion, example, cut=cut)
         if boxed.answer is not None:
             return boxed
-        line = final_answer_line(completion)
+        line = final_answer_line(_finished_part(completion, cut))
         return Reading(line) if line else Reading.none("no_answer", "no boxed answer or final-answer line")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:

@@ -41,6 +41,7 @@ ROW_METRICS = {
 }
 COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) marks a collapsed cell
 COLLAPSE_MIN_ANSWERS = 10  # fewer strict answers than this say too little to call a collapse
+CUT_SHARE = 0.05  # completions cut at the token limit this often, where the answer comes last, are flagged
 
 
 class Metric(BaseModel):
@@ -94,6 +95,9 @@ class Diagnostics(BaseModel):
     empty_share: float
     ambiguous_share: float  # lenient reading names several candidates
     conflict_share: float  # letter and option text disagree
+    cut_share: float = 0.0  # completions stopped by the token limit, not by a stop string or EOS
+    # where the answer comes last (numbers, math), so a cut completion may not have reached it
+    many_cut: bool = False
     # no completion followed the format: accuracy is 0 by format alone, whatever the model knows
     no_strict_answers: bool = False
     at_chance: bool = False  # task accuracy not above chance by its confidence interval
@@ -102,23 +106,28 @@ class Diagnostics(BaseModel):
     @computed_field
     @property
     def flags(self) -> list[str]:
+        flags = []
         if self.no_strict_answers:  # "at chance" would blame knowledge for a format failure
             empty = f" ({100 * self.empty_share:.0f}% empty)" if self.empty_share else ""
-            return [f"no strict answers{empty}"]
-        flags = []
-        if self.at_chance:
-            flags.append(f"at chance ({100 * (self.chance or 0):.0f}%)")
-        if self.collapsed:
-            flags.append(f"collapsed: {self.most_common_answer} {100 * (self.most_common_share or 0):.0f}%")
+            flags.append(f"no strict answers{empty}")
+        else:
+            if self.at_chance:
+                flags.append(f"at chance ({100 * (self.chance or 0):.0f}%)")
+            if self.collapsed:
+                flags.append(f"collapsed: {self.most_common_answer} {100 * (self.most_common_share or 0):.0f}%")
+        if self.many_cut:
+            flags.append(f"{100 * self.cut_share:.0f}% cut at the token limit")
         return flags
 
 
 def score_sample(
-    answer_format: AnswerFormat, example: Example, completion: str, option_loglikelihoods: list[float] | None
+    answer_format: AnswerFormat, example: Example, completion: str, option_loglikelihoods: list[float] | None,
+    *, cut: bool = False,
 ) -> Judgement:
-    """The judgement of one completion; knowledge from option loglikelihoods where the format has options."""
-    strict = answer_format.strict(completion, example)
-    lenient = answer_format.lenient(completion, example)
+    """The judgement of one completion (`cut`: generation stopped at the token limit); knowledge
+    from option loglikelihoods where the format has options."""
+    strict = answer_format.strict(completion, example, cut=cut)
+    lenient = answer_format.lenient(completion, example, cut=cut)
     lenient_correct = answer_format.is_correct(lenient.answer, example)
     judgement = dict(
         strict_answer=strict.answer,
@@ -175,17 +184,20 @@ def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 100
     }
 
 
-def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None) -> Diagnostics:
-    """Answer distribution, collapse and chance for multiple choice (`chance` given); empty and
-    ambiguous shares for every format."""
+def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None, *, answer_last: bool = False) -> Diagnostics:
+    """Answer distribution, collapse and chance for multiple choice (`chance` given); empty,
+    ambiguous and cut shares for every format, flagged cuts where the answer comes last."""
     n = len(samples)
     share = lambda count: round(count / n, 6) if n else 0.0  # noqa: E731
     empty = sum(not s.completion.strip() for s in samples)
+    cut = share(sum(s.stop_reason == "length" for s in samples))
     diagnostics = Diagnostics(
         n=n,
         empty_share=share(empty),
         ambiguous_share=share(sum(s.lenient_status == "ambiguous" for s in samples)),
         conflict_share=share(sum(s.lenient_status == "conflict" for s in samples)),
+        cut_share=cut,
+        many_cut=answer_last and cut >= CUT_SHARE,
         no_strict_answers=n > 0 and not any(s.format_ok for s in samples),
     )
     if chance is None:

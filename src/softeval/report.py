@@ -12,7 +12,7 @@ from rich.table import Table
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
 from softeval.evaluate import METHODS, EvalResult
-from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
+from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, CUT_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
 from softeval.models import model_name
 from softeval.stats import method_agreement, paired_difference
 
@@ -260,7 +260,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *no strict answers* (no",
         "completion followed the format, so accuracy says nothing of knowledge), *at chance* (task",
         "accuracy not above the chance level by its interval), *collapsed* (one option is over",
-        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *task version*",
+        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *cut at the token",
+        f"limit* (numbers or math: {100 * CUT_SHARE:.0f}% or more of the completions stopped at the token limit,",
+        "perhaps before their answer), *task version*",
         "(the cells of a task read different versions of its spec or data, and only cells of one",
         "version compare; the version is the spec's and the data's hash). Tuning cost:",
         "trainable parameters and tuning seconds. Paired differences are in percentage points on the",

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from softeval._io import read_yaml_mapping, write_json_atomic
 from softeval.errors import SoftevalError, validation_problem
-from softeval.evaluate import METHODS, TUNED, cell_identity, evaluate, identity_difference
+from softeval.evaluate import METHODS, TUNED, cell_identity, evaluate, identity_difference, rejudge
 from softeval.lora import WEIGHTS, Adapter, load_adapter
 from softeval.metrics import ROW_METRICS
 from softeval.models import LoadedModel, load_model, model_name
@@ -369,6 +369,9 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
     finished = finished_identity(folder)
     if not force and finished == wanted:
         log.info("finished already: %s", folder)
+        changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed)
+        if changed:
+            log.warning("%s: %d completions are judged otherwise by this version's parsers; its scores are updated", folder, changed)
         return CellReport(folder, "skipped")
     if finished is not None and not force:  # replaced, so say why: the old cell is gone after this
         log.warning("evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
