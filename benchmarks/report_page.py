@@ -224,7 +224,9 @@ def number_sample(rng: random.Random, q: dict, prompt: str, skill: float):
 
 def build_folder(folder: Path, n_samples: int, n_models: int, n_methods: int, seed: int) -> int:
     """Write every cell; returns the number of cells."""
-    from softeval.evaluate import METHODS, EvalResult, package_versions
+    from softeval.evaluate import package_versions
+    from softeval.results import EvalResult
+    from softeval.settings import METHODS
     from softeval.metrics import aggregate, diagnose
 
     rng = random.Random(seed)

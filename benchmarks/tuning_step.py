@@ -34,7 +34,7 @@ import torch
 
 from softeval import load_examples, load_model, load_task
 from softeval.prompts import tuning_target
-from softeval.study import LoraSettings
+from softeval.settings import LoraSettings
 from softeval.tune import TuneConfig, Tuner
 
 LORA_DEFAULTS = TuneConfig(method="lora")

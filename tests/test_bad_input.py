@@ -25,7 +25,7 @@ def no_model_loading(monkeypatch):
     def load_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr("softeval.cli.load_model", load_model)
+    monkeypatch.setattr("softeval.models.load_model", load_model)
     monkeypatch.setattr("softeval.study.load_model", load_model)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from conftest import ROWS, write_user_task
 from typer.testing import CliRunner
@@ -205,3 +207,32 @@ def test_run_retunes_when_anything_a_prompt_depends_on_changes(tmp_path, tiny_mo
     task.write_text(task.read_text().replace("Answer:", "The answer:"))  # the task's template changed
     _, retuned = produced()
     assert retuned != stamp
+
+
+def test_help_and_a_mistake_are_answered_without_the_heavy_libraries(tmp_path):
+    # torch, transformers and scipy take seconds to import: --help and a mistake must not wait for them
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from softeval.cli import app\n"
+        "runner = CliRunner()\n"
+        "assert runner.invoke(app, ['--help']).exit_code == 0\n"
+        f"bad = runner.invoke(app, ['eval', '--model', 'nope', '--task', 'arc_easy', '--output', {str(tmp_path)!r}])\n"
+        "assert 'unknown model' in str(bad.exception), bad.output\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'datasets', 'matplotlib') if m in sys.modules))\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "[]"
+
+
+def test_the_public_api_names_its_functions_not_their_modules():
+    import types
+
+    import softeval
+    import softeval.evaluate  # noqa: F401 - imported as a module first, as the command line does
+    import softeval.tune  # noqa: F401
+
+    for name in softeval.__all__:
+        assert not isinstance(getattr(softeval, name), types.ModuleType), name
+    assert softeval.evaluate.__name__ == "evaluate" and softeval.tune.__name__ == "tune"

@@ -278,12 +278,48 @@ def test_a_cut_number_completion_gives_no_guess_from_where_it_stopped():
     assert fmt.strict(" 48 + 24 = 72\n#### 7", GSM).answer == "7"
 
 
+@pytest.mark.parametrize(
+    "completion, stated",
+    [
+        (" The answer is 72, since", "72"),
+        (" The answer is **72**. Then", "72"),
+        (" The final answer is \\boxed{72} and then", "72"),
+        (" So\nAnswer\uff1a72 and", "72"),  # a full-width colon
+        # a calculation is not its first term, whatever the operator
+        (" The answer is 1.5 * 48 = 72 and", None),  # nor "1" of "1.5"
+        (" The answer is 70.5 + 1.5 = 72 and", None),
+        (" The answer is 74 \u2212 2 = 72 and", None),  # Unicode minus
+        (" The answer is 74 \u2013 2 = 72 and", None),  # en dash
+        (" The answer is 8 x 9 = 72 so", None),
+        (" The answer is 8 times 9", None),
+        (" The answer is $8 \\times 9 = 72$ and so", None),
+        (" The answer is 36 plus 36, which is 72. And", None),
+        # "answer:" inside a sentence states nothing; opening a line it does
+        (" We need to find the answer: 48 clips in April and", None),
+        (" The answer is 8 xylophones and", "8"),
+    ],
+)
+def test_a_cut_completion_counts_only_a_number_stated_as_its_answer(completion, stated):
+    assert Number().lenient(completion, GSM, cut=True).answer == stated
+
+
+def test_a_decimal_is_never_read_as_its_whole_part():
+    fmt = Number()
+    assert fmt.lenient(" so 12.5/2 apples", GSM).answer is None  # a fraction, not 12
+    assert fmt.lenient(" it costs 12.50.", GSM).answer == "12.5"
+
+
 def test_math_cut_reads_no_unfinished_final_answer():
     fmt = Math()
     SEVEN = qa_example("7")
     assert fmt.lenient(" Final Answer: 12", SEVEN, cut=True).answer is None  # "12" of "125"?
     assert fmt.lenient(" Final Answer: 12", SEVEN).answer == "12"
     assert fmt.strict(" so \\boxed{7}", SEVEN, cut=True).answer == "7"  # a closed brace is finished
+    assert fmt.strict(" so \\boxed{7} and then", SEVEN, cut=True).answer == "7"
+    assert fmt.strict(" so \\boxed 7", SEVEN, cut=True).answer is None  # 7 or 71?
+    # an unclosed "$" may go on: "\frac{1}{2}" of "\frac{1}{2}\pi"
+    assert fmt.lenient(" The final answer is $\\frac{1}{2}", SEVEN, cut=True).answer is None
+    assert fmt.lenient(" Final Answer: $7$\nand more", SEVEN, cut=True).answer == "7"
 
 
 def test_numbers_compare_exactly_at_any_length():

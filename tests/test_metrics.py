@@ -150,15 +150,22 @@ def test_open_ended_cells_report_empty_and_ambiguous_shares():
 
 
 def test_cuts_at_the_token_limit_are_flagged_where_the_answer_comes_last():
-    # 3 of 20 completions ran to the token limit: before their answer, for a number or math task
+    # 3 of 20 completions ran to the token limit, 2 of them without a strict answer: cut before it
     samples = [_sample("x" if i % 2 else None, "x", stop_reason="length" if i < 3 else "eos") for i in range(20)]
     accuracy = aggregate(samples)["task_accuracy"]
     last = diagnose(samples, accuracy, chance=None, answer_last=True)
-    assert last.cut_share == 0.15 and last.many_cut
-    assert last.flags == ["15% cut at the token limit"]
+    assert last.cut_share == 0.1 and last.many_cut
+    assert last.flags == ["10% cut at the token limit"]
     # a letter or a short answer comes first: a cut after it says nothing of the score
     first = diagnose(samples, accuracy, chance=None)
-    assert first.cut_share == 0.15 and first.flags == []
+    assert first.cut_share == 0.1 and first.flags == []
     # one cut in 25 is under the 5% that is flagged
     few = diagnose(samples[2:] + [_sample("x", "x")] * 7, accuracy, chance=None, answer_last=True)
     assert few.cut_share == 0.04 and not few.many_cut
+
+
+def test_an_unscorable_option_never_wins_knowledge_however_it_failed():
+    example = mc_example(["a", "b"], 1)
+    # NaN as the engine may give it, None as the sample log records it: the same verdict
+    assert score_sample(MultipleChoice(), example, " B", [float("nan"), -5.0]).knowledge_correct
+    assert score_sample(MultipleChoice(), example, " B", [float("-inf"), -5.0]).knowledge_correct

@@ -18,7 +18,8 @@ from softeval.cli import app
 from softeval.errors import SoftevalError
 from softeval.lora import lora_applied
 from softeval.models import load_model
-from softeval.study import load_study
+from softeval.results import EvalResult
+from softeval.settings import load_study
 from softeval.tune import TuneConfig, Tuner, tune
 
 runner = CliRunner()
@@ -441,4 +442,56 @@ def test_a_reused_cell_is_judged_again_by_the_current_parsers(tmp_path, tiny_mod
     assert samples_path.read_text() == judged  # judged from its completions as the first run did
     rejudged = json.loads(results_path.read_text())
     assert rejudged["metrics"] == results["metrics"] and rejudged["diagnostics"] == results["diagnostics"]
-    assert rejudged["created"] == results["created"] and rejudged["versions"]["judged_by"]
+    assert rejudged["created"] == results["created"] and rejudged["versions"]["parsers"] == results["versions"]["parsers"]
+
+
+def test_judging_again_applies_the_installed_parsers_to_a_number_cell(tmp_path, tiny_llama):
+    from softeval import evaluate, load_task
+    from softeval.evaluate import parsers_version, rejudge
+    from softeval.metrics import score_sample
+
+    rows = [{"q": f"What is {i} + {i}?", "n": 2 * i} for i in range(1, 5)]
+    spec = load_task(write_user_task(tmp_path, rows, answer_format="number", fields={"question": "q", "answer": "n", "solution": "'#### ' ~ n"},
+                                     template="Question: {{ question }}\nAnswer:", target=" #### {{ answer }}", max_new_tokens=6))
+    result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+    # as an older version judged a completion cut at the token limit: its last number, the gold 2
+    first = next(s for s in result.samples if s.gold == "2")
+    example = next(e for e in load_examples_of(spec) if e.index == first.index)
+    cut = " 1 + 1 = 2 and then 2"
+    old = first.model_copy(update={"completion": cut, "stop_reason": "length", **score_sample(spec.format, example, cut, None).model_dump()})
+    assert old.lenient_correct
+    result.samples = [old if s is first else s for s in result.samples]
+    result.versions["parsers"] = "older"
+    folder = result.save(tmp_path / "cell")
+
+    assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) == 1
+    judged = EvalResult.load(folder)
+    again = next(s for s in judged.samples if s.index == first.index)
+    assert again.lenient_answer is None and not again.lenient_correct and "token limit" in again.lenient_note
+    assert judged.diagnostics.cut_share >= 0.25 and judged.versions["parsers"] == parsers_version()
+    assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) is None  # nothing left to change
+    # a sample log cut short is told as such: the cell is then evaluated again
+    (folder / "samples.jsonl").write_text((folder / "samples.jsonl").read_text()[:50])
+    with pytest.raises(SoftevalError, match="its results cannot be read"):
+        rejudge(folder, spec, data_dir=None, limit=None, seed=0)
+
+
+def load_examples_of(spec):
+    from softeval import load_examples
+
+    return load_examples(spec, spec.dataset.eval_split, None)
+
+
+def test_cells_of_one_task_judged_by_other_parsers_are_flagged(tmp_path, tiny_model_dirs):
+    from softeval.report import cell_flags
+
+    task = write_user_task(tmp_path, ROWS * 2)
+    out = tmp_path / "out"
+    for model in ("llama", "gemma3"):
+        assert run("eval", "--model", tiny_model_dirs[model], "--task", task, "--limit", 2, "--output", out).exit_code == 0
+    cells = [EvalResult.load(p.parent) for p in sorted(out.glob("*/capitals/zero-shot/results.json"))]
+    judged_by = lambda flags: [f for f in flags if f.startswith("judged by parsers")]  # noqa: E731
+    assert not any(judged_by(f) for f in cell_flags(cells).values())
+    cells[0].versions["parsers"] = "older"
+    flags = cell_flags(cells)
+    assert all(judged_by(flags[id(c)]) == [f"judged by parsers {c.versions['parsers']}, one of 2 here: rerun its command"] for c in cells)

@@ -20,32 +20,14 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from softeval.data import split_sizes
+# Only light modules here: `--help`, and a mistake in a command, are answered without importing
+# torch, transformers or scipy (seconds); the machinery is imported where it is used.
 from softeval.errors import SoftevalError
-from softeval.evaluate import METHODS
-from softeval.export import export_peft
-from softeval.models import (
-    ALIASES,
-    cache_root,
-    cached_models,
-    load_model,
-    prepare_alias,
-)
-from softeval.page import PAGE, write_page
-from softeval.preflight import check_before_work, check_output
+from softeval.models import ALIASES, cache_root, cached_models
 from softeval.progress import console, stdout
-from softeval.rank import rank_study, ranking_table
-from softeval.report import cell_key, finished_cells, metrics_table, write_comparison
-from softeval.study import (
-    LoraSettings,
-    Reference,
-    Study,
-    cell_folder,
-    load_study,
-    run_study,
-)
+from softeval.settings import METHODS, LoraSettings, Reference, Study, TuneConfig, load_study
+from softeval.study import cell_folder, run_study
 from softeval.task import builtin_tasks, load_task
-from softeval.tune import TuneConfig, check_resumable, sweep, tune
 
 app = typer.Typer(help="Fair LLM benchmark evaluation: format-following apart from knowledge.", no_args_is_help=True)
 models_app = typer.Typer(help="List and prepare models.", invoke_without_command=True)
@@ -176,6 +158,9 @@ def validated(model: type, option_names: dict[str, str] | None = None, **values)
 
 def finish(output: Path, reports) -> None:
     """The cells of this command as a table, and where the comparison is."""
+    from softeval.page import PAGE
+    from softeval.report import cell_key, finished_cells, metrics_table
+
     # the folder's cells are read once: this command's are shown, all of them set the version flags
     cells = finished_cells(output)
     by_folder = {cell_folder(output, *cell_key(r)): r for r in cells}
@@ -264,6 +249,7 @@ def study_command(
     cache_dir: CacheDir = None,
 ) -> None:
     """Run a study file's grid, then rank base models against post-trained ones where pairs exist."""
+    from softeval.rank import ranking_table
     study = load_study(study_file)
     finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
     if (output / "ranking.json").is_file():  # the study ranked its families: show it
@@ -290,6 +276,9 @@ def rank_command(
 @app.command("report")
 def report_command(folder: Annotated[Path, typer.Argument(help="An output folder of softeval eval, run or study.")]) -> None:
     """Write FOLDER/index.html (and the comparison) from the results on disk."""
+    from softeval.page import write_page
+    from softeval.report import finished_cells, write_comparison
+
     if not folder.is_dir():
         raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval eval, run or study")
     if not finished_cells(folder):
@@ -299,6 +288,9 @@ def report_command(folder: Annotated[Path, typer.Argument(help="An output folder
 
 
 def show_ranking(folder: Path, reference: Reference) -> None:
+    from softeval.page import write_page
+    from softeval.rank import rank_study, ranking_table
+
     analysis = rank_study(folder, reference)
     stdout.print(ranking_table(analysis))
     stdout.print(f"wrote {folder / 'ranking.md'}", highlight=False)
@@ -337,6 +329,11 @@ def tune_command(
     )
     if init_text is not None and init != "text" and not sweep_grid:
         raise SoftevalError("--init-text is read by --init text only; add --init text (or --sweep, which tries it) or drop --init-text")
+    from softeval.export import export_peft
+    from softeval.models import load_model
+    from softeval.preflight import check_before_work, check_output
+    from softeval.tune import check_resumable, sweep, tune
+
     spec = load_task(task)
     check_before_work([model], [spec], [], k=0, tuning=True, outputs=[output], data_dir=data_dir)
     if export_peft_to is not None:
@@ -363,6 +360,8 @@ def tune_command(
 @app.command("tasks")
 def tasks_command(data_dir: DataDir = None) -> None:
     """List the built-in tasks with their splits and, where data is found locally, their sizes."""
+    from softeval.data import split_sizes
+
     table = Table(title="tasks")
     for header in ["task", "format", "source", "eval", "tune", "few-shot"]:
         table.add_column(header)
@@ -395,6 +394,8 @@ def models_command(ctx: typer.Context, cache_dir: CacheDir = None) -> None:
 @models_app.command("pull")
 def pull_command(name: Annotated[str, typer.Argument(help="A model alias.")], cache_dir: CacheDir = None) -> None:
     """Convert an alias's packaged GGUF weights into the cache, once."""
+    from softeval.models import prepare_alias
+
     with console.status(f"preparing {name}"):
         folder = prepare_alias(name, cache_dir)
     console.print(f"{name}: {folder}", highlight=False)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from softeval.cells import run_unit
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_kind, model_name, prepare_alias
 from softeval.progress import progress_bars
+from softeval.settings import Study
 from softeval.softprompt import SoftPrompt
-from softeval.study import CellReport, Study, run_unit
+from softeval.study import CellReport
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")

@@ -5,20 +5,17 @@
 
 from __future__ import annotations
 
-import json
+import functools
+import hashlib
 import logging
 import platform
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
-from typing import Literal
 
 import torch
 
-from softeval._io import write_json_atomic, write_jsonl_atomic
 from softeval.data import data_identity, load_examples
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
@@ -28,74 +25,13 @@ from softeval.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, s
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, choose_demos
+from softeval.results import EvalResult
+from softeval.settings import METHODS, Method
 from softeval.softprompt import MODEL_KEYS, SoftPrompt, check_made_for
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
 
-Method = Literal["zero-shot", "few-shot", "soft-prompt", "lora"]
-METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt", "lora")
-TUNED = ("soft-prompt", "lora")  # the methods that evaluate something tuned
-
-
-@dataclass
-class EvalResult:
-    config: dict
-    metrics: dict[str, Metric]
-    samples: list[Sample]
-    model: dict
-    data: dict
-    timings: dict[str, float]
-    n_truncated: int
-    diagnostics: Diagnostics | None = None
-    versions: dict = field(default_factory=dict)
-    identity: dict = field(default_factory=dict)  # what the cell's results depend on (see cell_identity)
-    tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
-    created: str | None = None  # when the cell was evaluated; None: now
-
-    def to_json(self) -> dict:
-        return {
-            "config": self.config,
-            "identity": self.identity,
-            "tuning": self.tuning,
-            "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
-            "diagnostics": self.diagnostics.model_dump() if self.diagnostics else None,
-            "n_examples": len(self.samples),
-            "n_truncated_prompts": self.n_truncated,
-            "model": self.model,
-            "data": self.data,
-            "timings_s": self.timings,
-            "versions": self.versions,
-            "created": self.created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-
-    @classmethod
-    def load(cls, folder: str | Path) -> EvalResult:
-        """A finished cell from its folder (results.json and samples.jsonl)."""
-        folder = Path(folder)
-        saved = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-        lines = (folder / "samples.jsonl").read_text(encoding="utf-8").splitlines()
-        return cls(
-            config=saved["config"],
-            metrics={k: Metric(**m) for k, m in saved["metrics"].items()},
-            samples=[Sample.model_validate_json(line) for line in lines if line.strip()],
-            model=saved["model"],
-            data=saved["data"],
-            timings=saved.get("timings_s", {}),
-            n_truncated=saved.get("n_truncated_prompts", 0),
-            diagnostics=Diagnostics(**saved["diagnostics"]) if saved.get("diagnostics") else None,
-            versions=saved.get("versions", {}),
-            identity=saved.get("identity", {}),
-            tuning=saved.get("tuning"),
-            created=saved.get("created"),
-        )
-
-    def save(self, folder: str | Path) -> Path:
-        """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
-        folder = Path(folder)
-        write_jsonl_atomic(folder / "samples.jsonl", [s.model_dump() for s in self.samples])
-        write_json_atomic(folder / "results.json", self.to_json())
-        return folder
 
 
 def evaluate(
@@ -203,11 +139,14 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     otherwise than the version that evaluated the cell, and rewrite the cell if anything it
     records changed: a reused cell is scored by the rules of the cells evaluated beside it.
     Returns how many completions are judged differently; None when nothing changed."""
-    result = EvalResult.load(folder)
+    try:
+        result = EvalResult.load(folder)
+    except (OSError, ValueError, KeyError) as exc:  # a file cut short or edited by hand
+        raise SoftevalError(f"{folder}: its results cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from exc
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     by_index = {e.index: e for e in examples}
-    if any(s.index not in by_index for s in result.samples):
-        raise SoftevalError(f"{folder}: its rows are not those of task {spec.name}'s data; evaluate it again with --force")
+    if sorted(s.index for s in result.samples) != sorted(by_index):
+        raise SoftevalError(f"{folder}: its samples are not the rows of task {spec.name}'s data")
     answer_format = spec.format
     samples = []
     for s in result.samples:
@@ -215,11 +154,12 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
         judgement = score_sample(answer_format, by_index[s.index], s.completion, loglikelihoods, cut=s.stop_reason == "length")
         samples.append(s.model_copy(update=judgement.model_dump()))
     metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"])
-    if samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics:
+    same_code = result.versions.get("parsers") == parsers_version()
+    if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics:
         return None
     changed = sum(new != old for new, old in zip(samples, result.samples))
     result.samples, result.metrics, result.diagnostics = samples, metrics, diagnostics
-    result.versions = result.versions | {"judged_by": version("softeval")}
+    result.versions = result.versions | {"parsers": parsers_version()}
     result.save(folder)
     return changed
 
@@ -323,4 +263,16 @@ def run_examples(
 
 def package_versions() -> dict:
     names = ("softeval", "torch", "transformers", "datasets")
-    return {"python": platform.python_version(), **{n: version(n) for n in names}}
+    return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version()}
+
+
+@functools.cache
+def parsers_version() -> str:
+    """A hash of the code that judges completions (`formats.py`, `metrics.py`): the package's
+    version number does not change with every fix of a parser, this does."""
+    from softeval import formats, metrics
+
+    digest = hashlib.sha256()
+    for module in (formats, metrics):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:12]

@@ -46,10 +46,12 @@ part of a fraction (`1/2` is no number here); its sign is an ASCII or Unicode mi
 to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
 as exact decimal numbers (`1,250` = `1250.0`).
 
-Numbers and math put the answer last, after the reasoning (`answer_last`). A completion cut at the
-token limit is read without its last word, which may be unfinished (`#### 12` of `#### 125`).
-Its last number is wherever the limit fell, not an answer: lenient takes the last number it stated
-as its answer instead ("The answer is 18", "Answer: 18"; not "The answer is 6 + 3 = 9"), or none.
+Numbers and math put the answer last, after the reasoning (`answer_last`), so a completion cut at
+the token limit may stop short of it. A number completion cut there is read without its last word,
+which may be unfinished (`#### 12` of `#### 125`), and its last number is wherever the limit fell,
+not an answer: lenient takes the last number it stated as its answer instead ("The answer is 18",
+"Answer: 18" opening a line; not "The answer is 6 + 3 = 9"), or none. A math completion cut there
+is read without its unfinished last line, but for a closed `\\boxed{...}`.
 
 Math (`math`, competition mathematics): strict takes the last `\\boxed{...}` or `\\fbox{...}`
 (nested braces) or `\\boxed 9`; lenient also takes a final-answer line ("Final Answer: The final
@@ -464,12 +466,18 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 
 # digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
-NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|,\d)"
+# not the "12" of "12.5": no digits may follow, nor a decimal part, a thousands group or a fraction's "/"
+NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|[.,]\d)"
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
-# "The answer is 18", "the final answer is: $18", "Answer: 18": a number the completion states as its
-# answer ("The answer is 6 + 3 = 9" states a sum, not 6)
-STATED_NUMBER = re.compile(rf"\banswer(?:\s+is\b\s*:?|\s*:)\s*({NUMBER})(?!\s*[-+*/\u00d7\u00f7=^])", re.IGNORECASE)
+# "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
+# "answer is": a number the completion states as its answer. Not the first term of a calculation
+# ("The answer is 6 + 3 = 9", "6 x 3", "9 plus 9"), and not "the answer: 48 clips" inside a sentence.
+_CALCULATION = r"\s*(?:[-+/=^\u00d7\u00f7\u2212\u2013\u00b7\u22c5\\]|\*(?!\*)|x\s*\d|(?:times|plus|minus|divided|multiplied)\b)"
+STATED_NUMBER = re.compile(
+    rf"(?:\banswer\s+is\b\s*[:\uff1a]?|^[ \t]*(?:final\s+)?answer\s*[:\uff1a])[ \t]*(?:\*\*|\\boxed\{{)?[ \t]*({NUMBER})(?!{_CALCULATION})",
+    re.IGNORECASE | re.MULTILINE,
+)
 _MAX_DIGITS = 1000
 
 
@@ -492,8 +500,8 @@ def canonical_number(text: str) -> str | None:
 
 def _finished_part(completion: str, cut: bool) -> str:
     """A completion cut at the token limit without its last word, which may be unfinished
-    ("#### 12" of "#### 125"); a word that closes a brace or a `$` is finished."""
-    if not cut or re.search(r"[}$]\Z", completion):
+    ("#### 12" of "#### 125"); a word that closes a brace ("\\boxed{18}") is finished."""
+    if not cut or completion.endswith("}"):
         return completion
     return re.sub(r"\S+\Z", "", completion)
 
@@ -660,6 +668,17 @@ _HOPE = re.compile(r"\.?\s*I hope it is correct\.?$", re.IGNORECASE)
 _MAX_ANSWER_WORDS = 6  # longer captures are prose ("the answer: first we compute ..."), not answers
 
 
+def _ends_braced(text: str) -> bool:
+    """Whether the last `\\boxed` of a text opens a brace (so `last_boxed` can tell it is closed)."""
+    found = list(re.finditer(r"\\(?:boxed|fbox)\s*(\{)?", text))
+    return bool(found) and found[-1].group(1) is not None
+
+
+def _complete_lines(text: str) -> str:
+    """The lines a newline ended: not the one the token limit cut."""
+    return text[: text.rfind("\n") + 1]
+
+
 def last_boxed(text: str) -> str | None:
     """The content of the last `\\boxed{...}` or `\\fbox{...}` (braces nested to any depth),
     or of `\\boxed 9` (up to the closing `$`)."""
@@ -711,7 +730,8 @@ class Math(AnswerFormat):
         return example
 
     def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        boxed = last_boxed(_finished_part(completion, cut))
+        # cut at the token limit, only a closed "\boxed{...}" is finished where the limit fell
+        boxed = last_boxed(completion if not cut or _ends_braced(completion) else _complete_lines(completion))
         if boxed is None:
             return Reading.none("no_answer", "no \\boxed{} answer")
         return Reading(boxed) if boxed else Reading.none("no_answer", "an empty \\boxed{}")
@@ -720,7 +740,7 @@ class Math(AnswerFormat):
         boxed = self.strict(completion, example, cut=cut)
         if boxed.answer is not None:
             return boxed
-        line = final_answer_line(_finished_part(completion, cut))
+        line = final_answer_line(_complete_lines(completion) if cut else completion)
         return Reading(line) if line else Reading.none("no_answer", "no boxed answer or final-answer line")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:

@@ -18,7 +18,6 @@ from collections import Counter
 
 import numpy as np
 from pydantic import BaseModel, computed_field
-from scipy.stats import bootstrap
 
 from softeval.formats import AnswerFormat, Example, Status
 
@@ -95,9 +94,9 @@ class Diagnostics(BaseModel):
     empty_share: float
     ambiguous_share: float  # lenient reading names several candidates
     conflict_share: float  # letter and option text disagree
-    cut_share: float = 0.0  # completions stopped by the token limit, not by a stop string or EOS
-    # where the answer comes last (numbers, math), so a cut completion may not have reached it
-    many_cut: bool = False
+    # completions stopped by the token limit (not by a stop string or EOS) without a strict answer
+    cut_share: float = 0.0
+    many_cut: bool = False  # where the answer comes last (numbers, math): cut before it, perhaps
     # no completion followed the format: accuracy is 0 by format alone, whatever the model knows
     no_strict_answers: bool = False
     at_chance: bool = False  # task accuracy not above chance by its confidence interval
@@ -141,7 +140,9 @@ def score_sample(
         knowledge_correct=lenient_correct,
     )
     if option_loglikelihoods is not None:
-        judgement["knowledge_correct"] = _cloze_pick(option_loglikelihoods, example.scored_texts) == example.answer_index
+        # NaN as -inf, as the sample log records it: a cell judged again from its log picks the same
+        scorable = [x if math.isfinite(x) else float("-inf") for x in option_loglikelihoods]
+        judgement["knowledge_correct"] = _cloze_pick(scorable, example.scored_texts) == example.answer_index
         judgement["option_loglikelihoods"] = [x if math.isfinite(x) else None for x in option_loglikelihoods]
     return Judgement(**judgement)
 
@@ -156,6 +157,8 @@ def _cloze_pick(loglikelihoods: list[float], scored: list[str]) -> int | None:
 
 def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 1000) -> dict[str, Metric]:
     """Point values and percentile-bootstrap 95% intervals, resampling examples jointly across metrics."""
+    from scipy.stats import bootstrap  # 1.5 s to import: not for every command that names a metric
+
     names = ("format_ok", "task_correct", "lenient_correct", "knowledge_correct")
     columns = [np.array([getattr(s, k) for s in samples], dtype=float) for k in names]
     values = _statistic(*[c[None, :] for c in columns], axis=-1)[:, 0]
@@ -190,7 +193,7 @@ def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None,
     n = len(samples)
     share = lambda count: round(count / n, 6) if n else 0.0  # noqa: E731
     empty = sum(not s.completion.strip() for s in samples)
-    cut = share(sum(s.stop_reason == "length" for s in samples))
+    cut = share(sum(s.stop_reason == "length" and not s.format_ok for s in samples))
     diagnostics = Diagnostics(
         n=n,
         empty_share=share(empty),

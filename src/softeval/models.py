@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
@@ -25,6 +25,9 @@ from softeval.errors import SoftevalError
 from softeval.hub import hub_unreachable, offline
 from softeval.memory import keep_freed_memory, release_freed_memory
 from softeval.progress import console
+
+if TYPE_CHECKING:  # torch loads with the first model, not with this module
+    import torch
 
 CACHE_ENV = "SOFTEVAL_CACHE"
 MARKER = "softeval-model.json"
@@ -159,6 +162,7 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -318,6 +322,7 @@ def _tokenizer_kwargs(model_kwargs: dict) -> dict:
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise a GGUF file into a plain safetensors model folder."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -20,10 +20,9 @@ from pathlib import Path
 from jinja2 import Environment, select_autoescape
 
 from softeval._io import write_text_atomic
-from softeval.evaluate import EvalResult
+from softeval.results import MODELS_FILE, EvalResult
 from softeval.metrics import MEANINGS, METRICS
 from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, cell_flags
-from softeval.study import MODELS_FILE
 
 CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
 PAGE = "index.html"

@@ -18,8 +18,8 @@ from softeval._io import fix_for
 from softeval.data import load_examples
 from softeval.errors import SoftevalError
 from softeval.models import model_kind
+from softeval.settings import check_tuning_rows
 from softeval.task import TaskSpec
-from softeval.tune import check_tuning_rows
 
 log = logging.getLogger("softeval")
 

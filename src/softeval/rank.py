@@ -18,11 +18,11 @@ from rich.table import Table
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
-from softeval.evaluate import METHODS
 from softeval.metrics import ROW_METRICS
 from softeval.report import cell_key, common_rows, finished_cells, format_estimate, outcome_table, tuned_agreement
 from softeval.stats import compare_predictors
-from softeval.study import MODELS_FILE, Reference
+from softeval.results import MODELS_FILE
+from softeval.settings import METHODS, Reference
 
 log = logging.getLogger("softeval")
 

@@ -11,9 +11,10 @@ from rich.table import Table
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
-from softeval.evaluate import METHODS, EvalResult
 from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, CUT_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
 from softeval.models import model_name
+from softeval.results import EvalResult
+from softeval.settings import METHODS
 from softeval.stats import method_agreement, paired_difference
 
 log = logging.getLogger("softeval")
@@ -47,12 +48,15 @@ def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]
     """Why each cell's score may mean little, by the cell's `id`: its diagnostics' flags (at
     chance, collapsed) and, where the cells of its task `among` the folder's (default: these)
     read different versions of the task's spec or data, its version (their scores do not
-    compare, whatever a table puts side by side)."""
+    compare, whatever a table puts side by side); where they were judged by different versions of
+    the parsers, the parsers' version."""
     versions: dict[str, list] = {}
+    parsers: dict[str, set] = {}
     for r in results + (among or []):
         known = versions.setdefault(r.config["task"], [])
         if evaluated_on(r) not in known:
             known.append(evaluated_on(r))
+        parsers.setdefault(r.config["task"], set()).add(r.versions.get("parsers"))
     flagged = {}
     for r in results:
         flagged[id(r)] = list(r.diagnostics.flags) if r.diagnostics else []
@@ -60,6 +64,9 @@ def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]
         if n_versions > 1:
             spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
             flagged[id(r)].append(f"task version {spec}/{data}, one of {n_versions} here: rerun older cells with --force")
+        n_parsers = len(parsers[r.config["task"]])
+        if n_parsers > 1:  # a rerun of the cell's command judges it again without generating
+            flagged[id(r)].append(f"judged by parsers {r.versions.get('parsers') or 'unrecorded'}, one of {n_parsers} here: rerun its command")
     return flagged
 
 
@@ -261,8 +268,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "completion followed the format, so accuracy says nothing of knowledge), *at chance* (task",
         "accuracy not above the chance level by its interval), *collapsed* (one option is over",
         f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *cut at the token",
-        f"limit* (numbers or math: {100 * CUT_SHARE:.0f}% or more of the completions stopped at the token limit,",
-        "perhaps before their answer), *task version*",
+        f"limit* (numbers or math: {100 * CUT_SHARE:.0f}% or more of the completions stopped at the token limit",
+        "without a strict answer), *judged by parsers* (the cells of a task were judged by different",
+        "versions of the parsers: rerunning a cell's command judges it again), *task version*",
         "(the cells of a task read different versions of its spec or data, and only cells of one",
         "version compare; the version is the spec's and the data's hash). Tuning cost:",
         "trainable parameters and tuning seconds. Paired differences are in percentage points on the",

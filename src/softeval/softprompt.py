@@ -11,7 +11,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from safetensors import safe_open
@@ -20,9 +19,8 @@ from safetensors.torch import save
 from softeval._io import write_bytes_atomic
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
+from softeval.settings import Init
 from softeval.task import TaskSpec
-
-Init = Literal["vocab", "text", "random"]
 
 
 def initial_vectors(lm: LoadedModel, length: int, init: Init = "vocab", text: str | None = None, seed: int = 0) -> torch.Tensor:

@@ -16,10 +16,8 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from torch.utils.checkpoint import checkpoint
@@ -41,6 +39,7 @@ from softeval.metrics import aggregate
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, tuning_target
+from softeval.settings import TuneConfig, check_tuning_rows
 from softeval.softprompt import (
     Init,
     SoftPrompt,
@@ -54,28 +53,7 @@ log = logging.getLogger("softeval")
 
 CURVE_METRICS = ("format_following", "task_accuracy", "knowledge")
 LOSS_CHUNK = 256  # target positions whose vocabulary logits are held at once
-MIN_TUNING_ROWS = 5  # without a validation split, a fifth of these is held out for validation
 TOKEN_BUDGET = 768  # padded positions (rows x longest row) in one tuning forward and backward pass
-
-
-class TuneConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a default
-    steps: int = Field(120, gt=0)
-    batch_size: int = Field(8, gt=0)
-    lr: float = Field(0.01, gt=0, allow_inf_nan=False)
-    length: int = Field(10, gt=0)
-    init: Init = "vocab"
-    init_text: str | None = None
-    seed: int = Field(0, ge=0)  # numpy's generators take no negative seeds
-    eval_every: int = Field(10, gt=0)
-    val_size: int = Field(64, gt=0)
-    max_grad_norm: float = 1.0
-    chat: bool = False
-    # what is tuned: the soft prompt, or LoRA adapters (length and init then do not apply)
-    method: Literal["soft-prompt", "lora"] = "soft-prompt"
-    lora_rank: int = Field(8, gt=0)
-    lora_alpha: int = Field(16, gt=0)
-    lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class Tuner:
@@ -507,16 +485,6 @@ def plot_curve(curve: list[dict], path: Path, title: str) -> None:
         write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
     finally:
         plt.close(fig)
-
-
-def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:
-    """Without a validation split, a fifth of the tuning split is held out: it needs a few rows."""
-    ds = spec.dataset
-    if (not ds.validation_split or ds.validation_split == ds.tune_split) and n_rows < MIN_TUNING_ROWS:
-        raise SoftevalError(
-            f"task {spec.name}'s tuning split '{ds.tune_split}' has {n_rows} rows; tuning holds out a fifth "
-            f"for validation and needs at least {MIN_TUNING_ROWS}, or a validation_split in the spec"
-        )
 
 
 def _level(config: TuneConfig, setting: str) -> int:
