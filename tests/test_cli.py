@@ -217,8 +217,13 @@ def test_help_and_a_mistake_are_answered_without_the_heavy_libraries(tmp_path):
         "from softeval.cli import app\n"
         "runner = CliRunner()\n"
         "assert runner.invoke(app, ['--help']).exit_code == 0\n"
-        f"bad = runner.invoke(app, ['eval', '--model', 'nope', '--task', 'arc_easy', '--output', {str(tmp_path)!r}])\n"
-        "assert 'unknown model' in str(bad.exception), bad.output\n"
+        f"for command in ('eval', 'tune'):\n"
+        f"    bad = runner.invoke(app, [command, '--model', 'nope', '--task', 'arc_easy', '--output', {str(tmp_path)!r}])\n"
+        "    assert 'unknown model' in str(bad.exception), bad.output\n"
+        f"bad = runner.invoke(app, ['report', {str(tmp_path / 'nowhere')!r}])\n"
+        "assert 'no results folder' in str(bad.exception), bad.output\n"
+        f"bad = runner.invoke(app, ['study', {str(tmp_path / 'none.yaml')!r}, '--output', {str(tmp_path)!r}])\n"
+        "assert 'study file not found' in str(bad.exception), bad.output\n"
         "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'datasets', 'matplotlib') if m in sys.modules))\n"
     )
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -233,6 +238,7 @@ def test_the_public_api_names_its_functions_not_their_modules():
     import softeval.evaluate  # noqa: F401 - imported as a module first, as the command line does
     import softeval.tune  # noqa: F401
 
+    assert set(softeval.__all__) == set(softeval._EXPORTS)
     for name in softeval.__all__:
         assert not isinstance(getattr(softeval, name), types.ModuleType), name
     assert softeval.evaluate.__name__ == "evaluate" and softeval.tune.__name__ == "tune"

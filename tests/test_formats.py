@@ -317,6 +317,9 @@ def test_math_cut_reads_no_unfinished_final_answer():
     assert fmt.strict(" so \\boxed{7}", SEVEN, cut=True).answer == "7"  # a closed brace is finished
     assert fmt.strict(" so \\boxed{7} and then", SEVEN, cut=True).answer == "7"
     assert fmt.strict(" so \\boxed 7", SEVEN, cut=True).answer is None  # 7 or 71?
+    # the limit fell inside the last \boxed: the one before it, on a finished line, is the answer
+    for unfinished in (" \\boxed{7}\nthen \\boxed{1", " \\boxed{7}\nthen \\boxed 1"):
+        assert fmt.strict(unfinished, SEVEN, cut=True).answer == "7"
     # an unclosed "$" may go on: "\frac{1}{2}" of "\frac{1}{2}\pi"
     assert fmt.lenient(" The final answer is $\\frac{1}{2}", SEVEN, cut=True).answer is None
     assert fmt.lenient(" Final Answer: $7$\nand more", SEVEN, cut=True).answer == "7"

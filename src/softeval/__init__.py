@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
+import importlib as _importlib
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING
 
 # The public API, by the module that defines each name. A name is imported on first use, so
@@ -38,13 +38,40 @@ _EXPORTS = {
     "tune": "softeval.tune",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ALIASES",
+    "EvalResult",
+    "Example",
+    "FORMATS",
+    "LoadedModel",
+    "METHODS",
+    "SoftPrompt",
+    "SoftevalError",
+    "Study",
+    "TaskSpec",
+    "TuneConfig",
+    "builtin_tasks",
+    "evaluate",
+    "export_peft",
+    "initial_vectors",
+    "load_examples",
+    "load_model",
+    "load_soft_prompt",
+    "load_study",
+    "load_task",
+    "prepare_alias",
+    "rank_study",
+    "run_study",
+    "save_soft_prompt",
+    "sweep",
+    "tune",
+]
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'softeval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    value = getattr(_importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value  # found here directly from now on
     return value
 
@@ -53,16 +80,16 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-class _Package(types.ModuleType):
+class _Package(_types.ModuleType):
     def __setattr__(self, name: str, value) -> None:
         # Importing the module softeval.evaluate sets the package's `evaluate` to it; the public
         # `softeval.evaluate` is the function (as `tune` is), so a module never replaces an export.
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
+        if name in _EXPORTS and isinstance(value, _types.ModuleType):
             return
         super().__setattr__(name, value)
 
 
-sys.modules[__name__].__class__ = _Package
+_sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly

@@ -1,6 +1,6 @@
-"""One (model, task) unit of a study, on a loaded model: each of its cells is evaluated, or
-judged again when it is finished already, after tuning (or reusing) the soft prompt or LoRA
-adapter its method needs. `study.run_study` runs the units, here or on Ray (`distributed.py`).
+"""One (model, task) unit of a study, on a loaded model: for each method and chat mode, tune or
+reuse the soft prompt or LoRA adapter the method needs, then evaluate the cell, or judge it again
+if it is finished already. `study.run_study` runs the units, here or on Ray (`distributed.py`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from rich.text import Text
 # torch, transformers or scipy (seconds); the machinery is imported where it is used.
 from softeval.errors import SoftevalError
 from softeval.models import ALIASES, cache_root, cached_models
+from softeval.preflight import check_before_work, check_output
 from softeval.progress import console, stdout
 from softeval.settings import METHODS, LoraSettings, Reference, Study, TuneConfig, load_study
 from softeval.study import cell_folder, run_study
@@ -249,10 +250,11 @@ def study_command(
     cache_dir: CacheDir = None,
 ) -> None:
     """Run a study file's grid, then rank base models against post-trained ones where pairs exist."""
-    from softeval.rank import ranking_table
     study = load_study(study_file)
     finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
     if (output / "ranking.json").is_file():  # the study ranked its families: show it
+        from softeval.rank import ranking_table
+
         analysis = json.loads((output / "ranking.json").read_text(encoding="utf-8"))
         stdout.print(ranking_table(analysis))
         stdout.print(f"wrote {output / 'ranking.md'}", highlight=False)
@@ -276,11 +278,11 @@ def rank_command(
 @app.command("report")
 def report_command(folder: Annotated[Path, typer.Argument(help="An output folder of softeval eval, run or study.")]) -> None:
     """Write FOLDER/index.html (and the comparison) from the results on disk."""
+    if not folder.is_dir():
+        raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval eval, run or study")
     from softeval.page import write_page
     from softeval.report import finished_cells, write_comparison
 
-    if not folder.is_dir():
-        raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval eval, run or study")
     if not finished_cells(folder):
         raise SoftevalError(f"{folder} holds no finished cells (OUTPUT/<model>/<task>/<method>/results.json); run softeval eval, run or study into it")
     write_comparison(folder)
@@ -329,15 +331,14 @@ def tune_command(
     )
     if init_text is not None and init != "text" and not sweep_grid:
         raise SoftevalError("--init-text is read by --init text only; add --init text (or --sweep, which tries it) or drop --init-text")
-    from softeval.export import export_peft
-    from softeval.models import load_model
-    from softeval.preflight import check_before_work, check_output
-    from softeval.tune import check_resumable, sweep, tune
-
     spec = load_task(task)
     check_before_work([model], [spec], [], k=0, tuning=True, outputs=[output], data_dir=data_dir)
     if export_peft_to is not None:
         check_output(export_peft_to, "--export-peft")
+    from softeval.export import export_peft
+    from softeval.models import load_model
+    from softeval.tune import check_resumable, sweep, tune
+
     if resume:  # a checkpoint that cannot be resumed is reported before the model loads
         check_resumable(output / "checkpoint.safetensors", config)
     lm = load_model(model, cache_dir=cache_dir)

@@ -141,8 +141,9 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     Returns how many completions are judged differently; None when nothing changed."""
     try:
         result = EvalResult.load(folder)
-    except (OSError, ValueError, KeyError) as exc:  # a file cut short or edited by hand
-        raise SoftevalError(f"{folder}: its results cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from exc
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # a file cut short or edited by hand
+        reason = (str(exc).splitlines() or [""])[0][:120]
+        raise SoftevalError(f"{folder}: its results cannot be read ({type(exc).__name__}: {reason})") from exc
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     by_index = {e.index: e for e in examples}
     if sorted(s.index for s in result.samples) != sorted(by_index):

@@ -730,8 +730,9 @@ class Math(AnswerFormat):
         return example
 
     def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        # cut at the token limit, only a closed "\boxed{...}" is finished where the limit fell
-        boxed = last_boxed(completion if not cut or _ends_braced(completion) else _complete_lines(completion))
+        boxed = last_boxed(completion) if not cut or _ends_braced(completion) else None
+        if cut and boxed is None:  # the limit fell in a bare or unclosed \boxed, or after the last one
+            boxed = last_boxed(_complete_lines(completion))
         if boxed is None:
             return Reading.none("no_answer", "no \\boxed{} answer")
         return Reading(boxed) if boxed else Reading.none("no_answer", "an empty \\boxed{}")

@@ -28,7 +28,7 @@ class EvalResult:
     n_truncated: int
     diagnostics: Diagnostics | None = None
     versions: dict = field(default_factory=dict)
-    identity: dict = field(default_factory=dict)  # what the cell's results depend on (see cell_identity)
+    identity: dict = field(default_factory=dict)  # what the cell's results depend on (see evaluate.cell_identity)
     tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
     created: str | None = None  # when the cell was evaluated; None: now
 

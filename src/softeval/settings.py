@@ -1,5 +1,6 @@
-"""What a study and a tuning run are set to: the settings models every command validates before
-any work, and the checks that need only them and the data.
+"""What a study and a tuning run are set to: the pydantic models of the settings that every
+command validates before any work (`Study`, read from a study file by `load_study`, and
+`TuneConfig`), and the checks that need only them and the data.
 
 No torch or transformers here: the command line parses and checks its options, and says what is
 wrong with them, without loading either.

@@ -10,7 +10,9 @@ adapters where a method needs one, then a comparison of every finished cell in t
 `softeval eval`, `softeval run` and `softeval study` all run through `run_study`; they differ in
 where a soft prompt comes from (`prompt`: none, a given file, or tuned here) and in how the grid is
 written down (flags or a study file). A cell whose results.json records the identity the cell
-would have now is finished and skipped, so a rerun of an interrupted study does only what is left.
+would have now is finished and skipped (judged again by the installed parsers), so a rerun of an
+interrupted study does only what is left. The settings (`Study`, `load_study`) are in `settings.py`;
+one model's cells on one task, tuning and skipping included, in `cells.py`.
 """
 
 from __future__ import annotations
