@@ -22,8 +22,9 @@ from rich.text import Text
 
 # Only light modules here: `--help`, and a mistake in a command, are answered without importing
 # torch, transformers or scipy (seconds); the machinery is imported where it is used.
+from softeval.data import split_sizes
 from softeval.errors import SoftevalError
-from softeval.models import ALIASES, cache_root, cached_models
+from softeval.models import ALIASES, cache_root, cached_models, prepare_alias
 from softeval.preflight import check_before_work, check_output
 from softeval.progress import console, stdout
 from softeval.settings import METHODS, LoraSettings, Reference, Study, TuneConfig, load_study
@@ -361,8 +362,6 @@ def tune_command(
 @app.command("tasks")
 def tasks_command(data_dir: DataDir = None) -> None:
     """List the built-in tasks with their splits and, where data is found locally, their sizes."""
-    from softeval.data import split_sizes
-
     table = Table(title="tasks")
     for header in ["task", "format", "source", "eval", "tune", "few-shot"]:
         table.add_column(header)
@@ -395,8 +394,6 @@ def models_command(ctx: typer.Context, cache_dir: CacheDir = None) -> None:
 @models_app.command("pull")
 def pull_command(name: Annotated[str, typer.Argument(help="A model alias.")], cache_dir: CacheDir = None) -> None:
     """Convert an alias's packaged GGUF weights into the cache, once."""
-    from softeval.models import prepare_alias
-
     with console.status(f"preparing {name}"):
         folder = prepare_alias(name, cache_dir)
     console.print(f"{name}: {folder}", highlight=False)
