@@ -60,6 +60,7 @@ def _decode_from(engine, prompt, forced_first: list[int], stop, max_new_tokens):
     with torch.inference_mode():
         pool = engine._admit(None, [[0]], [prompt], None, room=max_new_tokens, needed=1)
         pool.next_tokens[:] = torch.tensor(forced_first)
+        decoder.record(pool, lambda n: None)
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
     return decoder.results[0]
@@ -180,8 +181,10 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
     decoder = _Decoder(engine, prompts, ["\x00never"], 6)
     with torch.inference_mode():
         pool = engine._admit(None, [[0]], prompts, None, room=6, needed=1)
+        decoder.record(pool, lambda n: None)
         pool = decoder.step(decoder.step(pool, lambda n: None), lambda n: None)  # two tokens ahead
         pool = engine._admit(pool, [[1]], prompts, None, room=6, needed=1)  # no idle slot: repacked
+        decoder.record(pool, lambda n: None, rows={1})
         assert pool.rows == [0, 1] and bool(pool.mask[1, 0] == 0)  # the short row is left-padded
         while pool is not None:
             pool = decoder.step(pool, lambda n: None)
@@ -204,8 +207,13 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     def step(pool):
         return decoder.step(pool, lambda n: None)
 
+    def admit(pool, rows):
+        pool = engine._admit(pool, [rows], prompts, shared, room=16, needed=1)
+        decoder.record(pool, lambda n: None, rows=set(rows))
+        return pool
+
     with torch.inference_mode():
-        pool = engine._admit(None, [[3, 0, 1]], prompts, shared, room=16, needed=1)  # the longest first
+        pool = admit(None, [3, 0, 1])  # the longest first
         buffer = pool.cache.layers[0].key_room
         # a shared prefix is kept once, apart: the pool holds each row's own tokens only
         assert pool.width == len(prompts[3]) - (0 if shared is None else shared.length)
@@ -214,11 +222,11 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
         for slot in (0, 2):
             decoder.texts[pool.rows[slot]] = engine_module._TextStream(tiny_lm.tokenizer, ["\x00never"])
             pool.rows[slot] = None
-        pool = engine._admit(pool, [[1, 2]], prompts, shared, room=16, needed=1)  # scattered slots
+        pool = admit(pool, [1, 2])  # scattered slots
         assert pool.rows == [1, 0, 2]
         while pool.rows[1] is not None:  # until row 0 has its six tokens
             pool = step(pool)
-        pool = engine._admit(pool, [[3]], prompts, shared, room=16, needed=1)  # a run of one slot
+        pool = admit(pool, [3])  # a run of one slot
         assert pool.rows == [1, 3, 2] and pool.cache.layers[0].key_room is buffer
         while pool is not None:
             pool = step(pool)
@@ -381,10 +389,23 @@ def test_rows_join_as_others_finish_without_changing_outputs(tiny_lm, stop, monk
     pooled = Engine(tiny_lm, batch_size=4).generate(prompts, stop=stop, max_new_tokens=9)
     assert [(c.text, c.tokens, c.stop_reason) for c in pooled] == [(c.text, c.tokens, c.stop_reason) for c in alone]
     queued = [live for finished, live, _, _ in steps if finished + live < len(prompts)]
-    assert queued and all(live == 4 for live in queued)
-    if stop != ["\x00never"]:  # rows stopped at different steps, and others took their slots
+    assert all(live == 4 for live in queued)
+    if stop == ["\x00never"]:  # every row takes 9 tokens: steps run while rows wait
+        assert queued
+    else:  # rows stopped at different steps, and others took their slots
         assert len({len(c.tokens) for c in alone}) > 1
         assert len(steps) < sum(len(c.tokens) for c in alone) / 2
+
+
+def test_rows_that_end_at_their_first_token_take_no_decode_step(tiny_lm, monkeypatch):
+    """A letter answer often ends at its first token, chosen from the prompt's encoding: such
+    rows free their slot at once for the next prompts, and no decode step runs for them."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 3]
+    alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, ["\x00never"], max_new_tokens=1)
+    steps = _record_pools(monkeypatch)
+    pooled = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=1)
+    assert [(c.tokens, c.stop_reason) for c in pooled] == [(c.tokens, c.stop_reason) for c in alone]
+    assert all(len(c.tokens) == 1 for c in alone) and steps == []
 
 
 def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkeypatch):
@@ -396,17 +417,23 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     def checking(self, pool, advance, speculate=False):
         idle = [slot for slot, row in enumerate(pool.rows) if row is None]
         before = pool.positions.clone()
-        after = step(self, pool, advance, speculate)
-        if after is not None:  # an idle slot's position stays: only live rows advance
-            idle += [slot for slot, row in enumerate(after.rows) if row is None and slot not in idle]
-            idle_positions_moved.append(bool((after.positions[idle] != before[idle]).any()))
+        fed = []  # the positions the step runs the model at
+        forward = self.engine._forward
+        with monkeypatch.context() as spying:
+            spying.setattr(self.engine, "_forward", lambda *args: fed.append(args[2]) or forward(*args))
+            after = step(self, pool, advance, speculate)
+        if idle:  # an idle slot's position stays: only live rows advance
+            idle_positions_moved.append(bool((fed[0][idle] != before[idle]).any()))
+            if after is not None:
+                idle_positions_moved.append(bool((after.positions[idle] != before[idle]).any()))
         return after
 
     monkeypatch.setattr(_Decoder, "step", checking)
+    monkeypatch.setattr(engine_module, "JOIN_SHARE", 2 / 3)  # slots idle while rows wait to join
     engine = Engine(tiny_llama, batch_size=8)
     engine.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
-    alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["e"], max_new_tokens=8)
-    completions = engine.generate(prompts, stop=["e"], max_new_tokens=8)
+    alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
+    completions = engine.generate(prompts, stop=["."], max_new_tokens=8)
     assert [c.tokens for c in completions] == [c.tokens for c in alone]
     assert max(held for *_, held in steps) <= engine.kv_positions
     assert max(slots for _, _, slots, _ in steps) > 1

@@ -169,10 +169,15 @@ class Engine:
             needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
             if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
                 pool = self._admit(pool, arrivals, prompts, prefix, room, needed)
+                decoder.record(pool, advance, rows={i for batch in arrivals for i in batch})
+                if not pool.live or (queue and self._joinable(pool)):
+                    # rows that ended at their first token freed their slots again: more join first
+                    pool = pool if queue or pool.live else None
+                    continue
             elif self._wasteful(pool) or pool.room() < needed:
                 # drop rejected drafts' columns and make room; idle slots stay while rows may join
                 pool = self._repack(pool, room, free=pool.idle if queue else 0)
-            elif not queue and pool.idle >= max(1, int(JOIN_SHARE * len(pool.rows))):
+            elif not queue and self._joinable(pool):
                 pool.compact()  # no row will join: drop the idle slots
             # columns no row attends to any more, left of every row, are not read again; queued
             # prompts still fit in what is kept
@@ -208,15 +213,20 @@ class Engine:
         if pool is None:
             width = self._own_width(prompts[queue[0]], prefix)
             free = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))
-        else:
+        elif self._joinable(pool):
             free = pool.idle
-            if free < max(1, int(JOIN_SHARE * len(pool.rows))):
-                return []
+        else:
+            return []
         widths = {i: self._own_width(prompts[i], prefix) for i in itertools.islice(queue, free)}
         arrivals = list(widths)
         for _ in arrivals:
             queue.popleft()
         return _batches(arrivals, widths, free, self.token_budget)
+
+    @staticmethod
+    def _joinable(pool: _Pool) -> bool:
+        """Whether enough of a pool's slots are idle for rows to join it."""
+        return pool.idle >= max(1, int(JOIN_SHARE * len(pool.rows)))
 
     def _admit(
         self, pool: _Pool | None, batches: list[list[int]], prompts: Sequence[list[int]], prefix: SharedPrefix | None, room: int, needed: int
@@ -230,8 +240,13 @@ class Engine:
         if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
             pool = self._repack(pool, room, free=joining, width=max(widths))
         idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
-        for batch in batches:
-            self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix)
+        encoded = [self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix) for batch in batches]
+        # One LM head pass for every joining row: the vocabulary projection reads a large matrix
+        # (Gemma's 262k x 640, 0.7 GB in fp32) whatever the rows, so batches of a few rows each
+        # would pay that read again and again.
+        next_tokens = self._greedy(torch.cat([hidden for *_, hidden in encoded])).split([len(batch) for batch in batches])
+        for (slots, batch, mask, positions, _), tokens in zip(encoded, next_tokens):
+            pool.take(slots, batch, _pad_left(mask, pool.width), positions, tokens)
         return pool
 
     def _own_width(self, sequence: list[int], prefix: SharedPrefix | None) -> int:
@@ -241,9 +256,11 @@ class Engine:
 
     def _encode_into(
         self, pool: _Pool, slots: list[int], batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None
-    ) -> None:
-        """Encode a batch of prompts into `slots` of a pool, right-aligned at the pool's width
-        (zeros to their left), each slot taking its row and the row's first token.
+    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encode a batch of prompts into the cache of `slots` of a pool, right-aligned at the
+        pool's width (zeros to their left). Returns what the slots take once each row's first
+        token is chosen: the slots, the rows, their mask, their last positions and their last
+        hidden states.
 
         With a shared prefix, only each row's own tokens are encoded and cached, left-padded,
         with positions continuing from the prefix, which every row attends to as well."""
@@ -257,7 +274,7 @@ class Engine:
         cache, write_back = _slot_cache(pool, slots, pool.width - mask.shape[1])
         hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1]
         write_back()
-        pool.take(slots, batch, _pad_left(mask, pool.width), positions[:, -1:], self.logits(hidden).argmax(-1))
+        return slots, batch, mask, positions[:, -1:], hidden
 
     def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
         """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
@@ -505,6 +522,11 @@ class Engine:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The likeliest token after each hidden state (rows, hidden), computing the vocabulary
+        in chunks of rows to bound memory."""
+        return torch.cat([self.logits(chunk).argmax(-1) for chunk in hidden.split(self.logits_chunk)])
+
     def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) for each row, computing the vocabulary in chunks to bound memory."""
         out = []
@@ -519,8 +541,8 @@ class Engine:
 class _Pool:
     """Rows being decoded together: the prompt index of each slot (None once its row finished:
     the slot idles until a row is encoded into it or the pool is repacked), their cache, mask,
-    last positions, the token each has just chosen and the drafts before it that the model
-    confirmed (in the cache, not yet recorded)."""
+    last positions, the token each has just chosen (recorded, not yet in the cache) and the
+    drafts before it that the model confirmed (in the cache)."""
 
     rows: list[int | None]
     cache: DynamicCache
@@ -732,18 +754,25 @@ class _Decoder:
         self.results: list[Completion | None] = [None] * len(prompts)
 
     def step(self, pool: _Pool, advance: Advance, speculate: bool = False) -> _Pool | None:
-        """Record each live row's confirmed drafts and chosen token; finished rows free their
-        slot; the pool advances by one token, and by the drafts the model confirms when
-        `speculate` (idle slots advance too, until a row is encoded into them or the pool drops them)."""
+        """Advance the pool by one token, and by the drafts the model confirms when `speculate`
+        (idle slots advance too, until a row is encoded into them or the pool drops them), and
+        record what each live row chose; None once no row is live."""
+        if not pool.live:
+            return None
+        pool = self._advance(pool, self._drafts(pool) if speculate else [[] for _ in pool.rows])
+        self.record(pool, advance)
+        return pool if pool.live else None
+
+    def record(self, pool: _Pool, advance: Advance, rows: set[int] | None = None) -> None:
+        """Record the confirmed drafts and chosen token of each live slot (of those holding
+        `rows`, if given), as soon as they are chosen: a row that ends frees its slot before the
+        next rows are let in."""
         finished = 0
         for slot, (i, token) in enumerate(zip(pool.rows, pool.next_tokens.tolist())):
-            if i is not None and self._record(i, pool.verified[slot] + [token]):
+            if i is not None and (rows is None or i in rows) and self._record(i, pool.verified[slot] + [token]):
                 pool.rows[slot] = None
                 finished += 1
         advance(finished)
-        if not pool.live:
-            return None
-        return self._advance(pool, self._drafts(pool) if speculate else [[] for _ in pool.rows])
 
     def _record(self, i: int, tokens: list[int]) -> bool:
         """Add tokens to row i's completion until it ends; whether it has."""
@@ -802,7 +831,7 @@ class _Decoder:
         # vocabulary logits only where a live row chooses a token: after its token and each draft
         picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
         slots, columns = (torch.tensor(index, device=engine.device) for index in zip(*picks))
-        chosen = iter(engine.logits(hidden[slots, columns]).argmax(-1).tolist())
+        chosen = iter(engine._greedy(hidden[slots, columns]).tolist())
         next_tokens, verified, last = pool.next_tokens.clone(), [[] for _ in pool.rows], pool.positions.clone()
         holes = pool.holes
         engine.draft_positions_discarded += rows * (new - 1)
