@@ -592,3 +592,24 @@ def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
     assert batched.positions_computed <= 1.2 * alone.positions_computed
     assert max(forwards) <= 256  # prefills and option batches alike
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcapped"])
+def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, softcap):
+    """Slice by slice, the LM head picks what the argmax of its full logits picks, the first
+    index among equal logits included (here across slices, and where a softcap saturates)."""
+    from softeval.engine import _argmax_by_vocab_chunks
+
+    monkeypatch.setattr(engine_module, "VOCAB_CHUNK", 16)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=True)  # 50 entries: three full slices and a short one
+    with torch.no_grad():
+        head.weight[40] = head.weight[3]  # equal logits in two slices
+        head.bias[40] = head.bias[3]
+    hidden = torch.cat([torch.randn(6, 8), torch.zeros(1, 8), 100 * head.weight[3:4]])
+    logits = head(hidden)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    expected = logits.argmax(-1)
+    assert _argmax_by_vocab_chunks(hidden, head, softcap).tolist() == expected.tolist()
+    assert expected[-1] == 3  # the tie went to the first
