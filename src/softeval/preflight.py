@@ -2,8 +2,8 @@
 
 The model names must name something loadable; every split a command will read is loaded and
 validated row by row, and the spec's templates are rendered on every row; the number of
-demonstrations must fit the few-shot split; tuning needs rows to hold out for validation; the
-output folder must be a folder (or creatable) that can be written and has room.
+demonstrations must fit the few-shot split; tuning needs rows to hold out for validation; a
+given soft prompt must be a file; the output folder must be a folder (or creatable) that can be written and has room.
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ def check_before_work(
     outputs: list[Path],
     data_dir: str | Path | None,
     limit: int | None = None,
+    prompt: str | Path | None = None,
 ) -> None:
     """Everything a command can check without loading a model, in the order a user fixes it."""
     for name in models:
         model_kind(name)
+    if prompt is not None:
+        soft_prompt_file(prompt)
     for spec in specs:
         sizes = check_task(spec, splits_needed(spec, methods, tuning), data_dir)
         if methods and limit is not None:
@@ -51,6 +54,16 @@ def check_before_work(
             check_tuning_rows(spec, sizes[spec.dataset.tune_split])
     for folder in outputs:
         check_output(folder)
+
+
+def soft_prompt_file(path: str | Path) -> Path:
+    """The soft prompt file a path names: the file itself, or the one in a folder `softeval tune` wrote."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "soft_prompt.safetensors"
+    if not path.is_file():
+        raise SoftevalError(f"soft prompt not found: {path}; give the file or folder `softeval tune` wrote")
+    return path
 
 
 def check_task(spec: TaskSpec, splits: list[str | None], data_dir: str | Path | None) -> dict[str, int]:

@@ -19,6 +19,7 @@ from safetensors.torch import save
 from softeval._io import write_bytes_atomic
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
+from softeval.preflight import soft_prompt_file
 from softeval.settings import Init
 from softeval.task import TaskSpec
 
@@ -132,11 +133,7 @@ def save_soft_prompt(path: Path, vectors: torch.Tensor, metadata: dict) -> None:
 
 def load_soft_prompt(path: str | Path) -> SoftPrompt:
     """The vectors and the record of their making, from a file or the folder `softeval tune` wrote."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "soft_prompt.safetensors"
-    if not path.is_file():
-        raise SoftevalError(f"soft prompt not found: {path}; give the file or folder `softeval tune` wrote")
+    path = soft_prompt_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             vectors = f.get_tensor("soft_prompt")

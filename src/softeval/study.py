@@ -100,7 +100,7 @@ def run_study(
     tuning = "lora" in study.methods or ("soft-prompt" in study.methods and prompt is None)
     # every check that needs no model comes first: a mistake costs seconds, not a study
     check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
-                      limit=study.limit)
+                      limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
     from softeval.cells import run_unit
     from softeval.page import write_page
     from softeval.rank import update_ranking
