@@ -408,6 +408,40 @@ def test_rows_that_end_at_their_first_token_take_no_decode_step(tiny_lm, monkeyp
     assert all(len(c.tokens) == 1 for c in alone) and steps == []
 
 
+def test_rows_take_the_slots_of_rows_that_ended_at_their_first_token(tiny_lm, monkeypatch):
+    """Some prompts end at their first token (a stop string is its text), others run on: the
+    slots the first free are filled before the next decode step, so every step while prompts
+    are queued runs a full pool, and every row's tokens are its tokens alone."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 3]
+    free = _one_at_a_time(monkeypatch, tiny_lm, prompts[:4], ["\x00never"], max_new_tokens=9)
+    firsts = [tiny_lm.tokenizer.decode(c.tokens[:1]).strip() for c in free]
+    stop = [next(text for text in firsts if text)]
+    alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, stop, max_new_tokens=9)
+    lengths = [len(c.tokens) for c in alone]
+    assert 1 in lengths and max(lengths) > 1  # rows of both kinds
+    steps = _record_pools(monkeypatch)
+    pooled = Engine(tiny_lm, batch_size=4).generate(prompts, stop=stop, max_new_tokens=9)
+    assert [(c.text, c.tokens, c.stop_reason) for c in pooled] == [(c.text, c.tokens, c.stop_reason) for c in alone]
+    queued = [live for finished, live, _, _ in steps if finished + live < len(prompts)]
+    assert queued and all(live == 4 for live in queued)
+
+
+def test_a_head_that_is_not_a_plain_linear_layer_computes_its_own_logits(tiny_llama):
+    """A hooked (or quantized) LM head is run as a module, not sliced by its weight."""
+    engine = Engine(tiny_llama)
+    head = tiny_llama.model.get_output_embeddings()
+    hidden = torch.randn(3, head.in_features)
+    target = torch.tensor([5, 6, 7])
+    hook = head.register_forward_hook(lambda module, args, out: torch.nn.functional.one_hot(target, out.shape[-1]).to(out.dtype) * 1e4)
+    try:
+        with torch.inference_mode():
+            assert engine._greedy(hidden).tolist() == [5, 6, 7]
+    finally:
+        hook.remove()
+    with torch.inference_mode():
+        assert engine._greedy(hidden).tolist() == head(hidden).argmax(-1).tolist()
+
+
 def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkeypatch):
     prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
     steps = _record_pools(monkeypatch)

@@ -276,7 +276,8 @@ class Engine:
             embeds = self._embed(ids)
             positions = prefix.positions[:, -1:] + mask.cumsum(-1)
         cache, write_back = _slot_cache(pool, slots, pool.width - mask.shape[1])
-        hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1]
+        # a copy: a view would keep the batch's whole output alive until the admission's LM head
+        hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1].clone()
         write_back()
         return slots, batch, mask, positions[:, -1:], hidden
 
@@ -529,7 +530,11 @@ class Engine:
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The likeliest token after each hidden state (rows, hidden): the LM head's argmax."""
         head = self.model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear):
+        # Slices pay off where memory traffic is the cost (measured on CPU); on an accelerator
+        # they would be many small kernels. A head that is not a plain linear layer (quantized,
+        # hooked) computes its own logits.
+        plain = type(head) is torch.nn.Linear and not head._forward_hooks and not head._forward_pre_hooks
+        if not plain or self.device.type != "cpu":
             return torch.cat([self.logits(chunk).argmax(-1) for chunk in hidden.split(self.logits_chunk)])
         self.logit_rows_computed += hidden.shape[0]
         return _argmax_by_vocab_chunks(hidden, head, self.softcap)
