@@ -3,7 +3,8 @@
 The model names must name something loadable; every split a command will read is loaded and
 validated row by row, and the spec's templates are rendered on every row; the number of
 demonstrations must fit the few-shot split; tuning needs rows to hold out for validation; a
-given soft prompt must be a file; the output folder must be a folder (or creatable) that can be written and has room.
+given soft prompt must be a file; the output folder must be a folder (or creatable) that can be
+written and has room.
 """
 
 from __future__ import annotations
