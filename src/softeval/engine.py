@@ -176,7 +176,8 @@ class Engine:
                 decoder.record(pool, advance, rows={i for batch in arrivals for i in batch})
                 if not pool.live or (queue and self._joinable(pool)):
                     # rows that ended at their first token freed their slots again: more join first
-                    pool = pool if queue or pool.live else None
+                    if not pool.live and not queue:
+                        pool = None
                     continue
             elif self._wasteful(pool) or pool.room() < needed:
                 # drop rejected drafts' columns and make room; idle slots stay while rows may join
@@ -244,13 +245,14 @@ class Engine:
         if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
             pool = self._repack(pool, room, free=joining, width=max(widths))
         idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
-        encoded = [self._encode_into(pool, [next(idle) for _ in batch], batch, prompts, prefix) for batch in batches]
+        slots = [[next(idle) for _ in batch] for batch in batches]
+        encoded = [self._encode_into(pool, into, batch, prompts, prefix) for into, batch in zip(slots, batches)]
         # One LM head pass for every joining row: the vocabulary projection reads a large matrix
         # (Gemma's 262k x 640, 0.7 GB in fp32) whatever the rows, so batches of a few rows each
         # would pay that read again and again.
         next_tokens = self._greedy(torch.cat([hidden for *_, hidden in encoded])).split([len(batch) for batch in batches])
-        for (slots, batch, mask, positions, _), tokens in zip(encoded, next_tokens):
-            pool.take(slots, batch, _pad_left(mask, pool.width), positions, tokens)
+        for into, batch, (mask, positions, _), tokens in zip(slots, batches, encoded, next_tokens):
+            pool.take(into, batch, _pad_left(mask, pool.width), positions, tokens)
         return pool
 
     def _own_width(self, sequence: list[int], prefix: SharedPrefix | None) -> int:
@@ -260,11 +262,10 @@ class Engine:
 
     def _encode_into(
         self, pool: _Pool, slots: list[int], batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None
-    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Encode a batch of prompts into the cache of `slots` of a pool, right-aligned at the
         pool's width (zeros to their left). Returns what the slots take once each row's first
-        token is chosen: the slots, the rows, their mask, their last positions and their last
-        hidden states.
+        token is chosen: the rows' mask, their last positions and their last hidden states.
 
         With a shared prefix, only each row's own tokens are encoded and cached, left-padded,
         with positions continuing from the prefix, which every row attends to as well."""
@@ -279,7 +280,7 @@ class Engine:
         # a copy: a view would keep the batch's whole output alive until the admission's LM head
         hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1].clone()
         write_back()
-        return slots, batch, mask, positions[:, -1:], hidden
+        return mask, positions[:, -1:], hidden
 
     def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
         """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
@@ -522,10 +523,7 @@ class Engine:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         self.logit_rows_computed += hidden.numel() // hidden.shape[-1]
-        logits = self.model.get_output_embeddings()(hidden).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return _softcapped(self.model.get_output_embeddings()(hidden).float(), self.softcap)
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The likeliest token after each hidden state (rows, hidden): the LM head's argmax."""
@@ -965,6 +963,11 @@ def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_bud
     return batches
 
 
+def _softcapped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Logits squashed into (-softcap, softcap), as Gemma 2 caps its final logits (None: as they are)."""
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
 def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, softcap: float | None) -> torch.Tensor:
     """`head(hidden).argmax(-1)` (soft-capped logits, the first index among equal ones), one
     slice of the vocabulary at a time: each slice's best, then the first slice whose best is
@@ -973,9 +976,7 @@ def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, softcap
     for start in range(0, head.out_features, VOCAB_CHUNK):
         end = start + VOCAB_CHUNK
         bias = None if head.bias is None else head.bias[start:end]
-        logits = torch.nn.functional.linear(hidden, head.weight[start:end], bias).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
+        logits = _softcapped(torch.nn.functional.linear(hidden, head.weight[start:end], bias).float(), softcap)
         value, index = logits.max(-1)
         values.append(value)
         indices.append(index + start)
