@@ -484,3 +484,31 @@ def test_math_equivalence_works_off_the_main_thread():
     thread.start()
     thread.join()
     assert results == [True]
+
+
+def test_digits_grouped_by_spaces_are_one_number_only_when_the_spaces_say_so():
+    fmt = Number()
+    thousand = qa_example("1000")
+    # a no-break or thin space groups digits: one number, strict and lenient alike
+    for space in ("\u00a0", "\u2009", "\u202f"):
+        assert fmt.strict(f" #### 1{space}000", thousand).answer == "1000"
+        assert fmt.lenient(f" so the total is 1{space}000 apples.", thousand).answer == "1000"
+    assert fmt.strict(" #### 1\u202f234\u202f567.5", thousand).answer == "1234567.5"
+    # a plain space may separate two numbers: neither 1, nor the 0 of "000", nor 1000 silently
+    for completion in (" #### 1 000", " so the total is 1 000 apples.", " #### 1 000\nThe answer is 5"):
+        strict, lenient = fmt.strict(completion, thousand), fmt.lenient(completion, thousand)
+        assert lenient.answer is None and lenient.status == "ambiguous" and "'1 000'" in lenient.note
+        assert strict.answer is None
+    assert fmt.lenient(" The answer is 1 000, so", thousand, cut=True).status == "ambiguous"
+    # numbers apart that are no thousands groups read as before
+    assert fmt.lenient(" 2 4 6 8", thousand).answer == "8"
+    assert fmt.lenient(" in 2019 150 people came", thousand).answer == "150"
+    assert fmt.lenient(" 1 0000", thousand).answer == "0"
+
+
+def test_a_cut_number_may_have_stopped_inside_its_digit_groups():
+    fmt = Number()
+    # "#### 1 000" may have gone on as "#### 1 000 000": the digit groups before the cut go too
+    assert fmt.strict(" #### 1\u202f000", qa_example("1000"), cut=True).answer is None
+    assert fmt.strict(" #### 1\u202f000 apples", qa_example("1000"), cut=True).answer == "1000"
+    assert fmt.strict(" #### 72 and", GSM, cut=True).answer == "72"

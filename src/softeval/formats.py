@@ -41,9 +41,10 @@ article: strict fails, and lenient reads the text after it. The answer is record
 letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
-one, else the last number. A number has optional thousands separators and decimals and is not
-part of a fraction (`1/2` is no number here); its sign is an ASCII or Unicode minus, next to it or
-to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
+one, else the last number. A number has optional thousands separators (commas, or no-break or
+thin spaces; digits grouped by plain spaces, `1 000`, are `ambiguous`: one number or two?) and
+decimals and is not part of a fraction (`1/2` is no number here); its sign is an ASCII or
+Unicode minus, next to it or to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
 as exact decimal numbers (`1,250` = `1250.0`).
 
 Numbers and math put the answer last, after the reasoning (`answer_last`), so a completion cut at
@@ -467,7 +468,14 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 # digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
 # not the "12" of "12.5": no digits may follow, nor a decimal part, a thousands group or a fraction's "/"
-NUMBER = r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d/]|[.,]\d)"
+NUMBER = (
+    r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+|\d+)"
+    r"(?:\.\d+)?(?![\d/]|[.,]\d)"
+)
+# Thousands grouped by spaces: a no-break or thin space groups digits (ISO 80000, "1\u202f000"); a
+# plain space may as well separate two numbers ("page 3 100 times"), so "1 000" is not read as 1000
+# (nor as 1, nor as the 0 of its last group) but as ambiguous.
+_PLAIN_SPACE_GROUPED = re.compile(r"\d \d")
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
 # "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
@@ -485,6 +493,7 @@ def canonical_number(text: str) -> str | None:
     """`1,250`, `$1250.00` and `1250` all read as "1250", `\u22123` and `$-3` as "-3"; None for
     what is not a number. Exact at any length: decimal, not floating-point, arithmetic."""
     cleaned = text.strip().replace(",", "").replace("$", "").replace("\u2212", "-").rstrip(".")
+    cleaned = re.sub(r"(?<=\d)[\u00a0\u2009\u202f](?=\d)", "", cleaned)  # digits grouped by no-break or thin spaces
     try:
         value = Decimal(cleaned)
     except InvalidOperation:
@@ -500,10 +509,18 @@ def canonical_number(text: str) -> str | None:
 
 def _finished_part(completion: str, cut: bool) -> str:
     """A completion cut at the token limit without its last word, which may be unfinished
-    ("#### 12" of "#### 125"); a word that closes a brace ("\\boxed{18}") is finished."""
+    ("#### 12" of "#### 125"), and without the digit groups before it ("#### 1 000" may go on as
+    "#### 1 000 000"); a word that closes a brace ("\\boxed{18}") is finished."""
     if not cut or completion.endswith("}"):
         return completion
-    return re.sub(r"\S+\Z", "", completion)
+    return re.sub(r"(?:\d{1,3}[ \u00a0\u2009\u202f])*\d+\Z|\S+\Z", "", completion)
+
+
+def _number_reading(text: str) -> Reading:
+    """The answer a number the parser found reads as; digits grouped by plain spaces are ambiguous."""
+    if _PLAIN_SPACE_GROUPED.search(text):
+        return Reading.none("ambiguous", f"'{text.strip()}' may be one number with its digits grouped by spaces or several numbers")
+    return Reading(canonical_number(text))
 
 
 class Number(AnswerFormat):
@@ -526,19 +543,19 @@ class Number(AnswerFormat):
         match = re.search(MARKED_NUMBER, _finished_part(completion, cut))
         if not match:
             return Reading.none("no_answer", "no '#### <number>' in the completion")
-        return Reading(canonical_number((match.group(1) or "") + match.group(2)))
+        return _number_reading((match.group(1) or "") + match.group(2))
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         marked = self.strict(completion, example, cut=cut)
-        if marked.answer is not None:  # the completion's own "#### <number>" is its answer
+        if marked.answer is not None or marked.status == "ambiguous":  # its own "#### <number>" is its answer
             return marked
         if cut:  # its last number is wherever the token limit fell: only an answer it stated counts
             stated = STATED_NUMBER.findall(_finished_part(completion, cut))
             if stated:
-                return Reading(canonical_number(stated[-1]))
+                return _number_reading(stated[-1])
             return Reading.none("no_answer", "cut at the token limit before an answer ('####' or 'the answer is N')")
         numbers = re.findall(NUMBER, completion)
-        return Reading(canonical_number(numbers[-1])) if numbers else Reading.none("no_answer", "no number")
+        return _number_reading(numbers[-1]) if numbers else Reading.none("no_answer", "no number")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and answer == canonical_number(example.answer)
