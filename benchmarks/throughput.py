@@ -13,6 +13,9 @@ lm-evaluation-harness runs at --lm-eval-batch-size (16). It prints wall time for
 on >= 99% of rows, every difference at a near-tie: top-2 logit gap under 1e-3 at the first differing
 token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuning step, the achieved
 GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
+For generation it also times the run's matrix products alone, at the sizes the run computed them
+(a decode step runs a few dozen rows, where products reach a fraction of the square-matrix peak),
+and prints the share of the peak they allow and how much of that softeval reaches.
 With --rounds N, both sides of each comparison run N times in turns (softeval first, then lm-eval
 first, ...); the times are medians, the speed-up the median of each round's ratio, and softeval's
 results must be the same in every round.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -55,7 +59,7 @@ import torch  # noqa: E402
 from tuning_step import softeval_step_fn  # noqa: E402
 
 from softeval import load_examples, load_model, load_task  # noqa: E402
-from softeval.engine import Engine  # noqa: E402
+from softeval.engine import Engine, _argmax_by_vocab_chunks  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
 from softeval.prompts import PromptBuilder, choose_demos, tuning_target  # noqa: E402
@@ -112,6 +116,56 @@ class FlopCounter:
 
     def forward(self, tokens: int, logit_rows: int) -> float:
         return 2 * self.body * tokens + 2 * self.head * logit_rows
+
+
+class MatmulCeiling:
+    """What the model's matrix products alone would take for a generation run's forward passes:
+    each pass's rows x columns through every linear layer of the transformer, and each LM head
+    call's rows through the head (by vocabulary slices, as the engine runs it), timed at the
+    nearest power of two of rows and scaled. Decoding runs a few dozen rows at a time, where
+    fp32 matrix products reach a fraction of the square-matrix peak: this says how much of a
+    run's distance from the peak is the products' own, and how much the rest of each step."""
+
+    def __init__(self, lm, flops: FlopCounter):
+        self.lm, self.flops = lm, flops
+        self.linears = [m for m in lm.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+        self._seconds: dict[tuple[str, int], float] = {}
+
+    def record(self, engine: Engine) -> tuple[list[int], list[int]]:
+        """Wrap an engine's transformer and LM head calls to note the positions each one runs."""
+        body, head = [], []
+        forward, greedy = engine._forward, engine._greedy
+
+        def counted_forward(embeds, *args, **kwargs):
+            body.append(embeds.shape[0] * embeds.shape[1])
+            return forward(embeds, *args, **kwargs)
+
+        def counted_greedy(hidden):
+            head.append(hidden.shape[0])
+            return greedy(hidden)
+
+        engine._forward, engine._greedy = counted_forward, counted_greedy
+        return body, head
+
+    def seconds(self, engine: Engine, body: list[int], head: list[int]) -> float:
+        return sum(self._scaled("body", n, engine) for n in body) + sum(self._scaled("head", n, engine) for n in head)
+
+    def _scaled(self, part: str, rows: int, engine: Engine) -> float:
+        bucket = 2 ** max(0, min(11, round(math.log2(rows))))
+        if (part, bucket) not in self._seconds:
+            self._seconds[part, bucket] = self._time(part, bucket, engine)
+        return self._seconds[part, bucket] * rows / bucket
+
+    @torch.inference_mode()
+    def _time(self, part: str, rows: int, engine: Engine) -> float:
+        hidden = torch.randn(rows, self.lm.model.get_input_embeddings().weight.shape[1])
+        if part == "head":
+            run = lambda: _argmax_by_vocab_chunks(hidden, self.lm.model.get_output_embeddings(), engine.softcap)  # noqa: E731
+        else:
+            inputs = {m.in_features: torch.randn(rows, m.in_features) for m in self.linears}
+            run = lambda: [m(inputs[m.in_features]) for m in self.linears]  # noqa: E731
+        run()
+        return min(_timed(run) for _ in range(3))
 
 
 @dataclass
@@ -212,7 +266,8 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
 
 
 def bench_generation(
-    lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, peak: float, shots: int = 0, rounds: int = 1
+    lm, hflm, task: str, data_dir: Path, rows: int, batch_size: int, flops: FlopCounter, ceiling: MatmulCeiling, peak: float,
+    shots: int = 0, rounds: int = 1,
 ) -> dict:
     spec = load_task(task)
     examples = load_examples(spec, spec.dataset.eval_split, data_dir)[:rows]
@@ -223,7 +278,8 @@ def bench_generation(
 
     def ours():
         engine = Engine(lm, batch_size=batch_size)
-        return engine, engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
+        calls = ceiling.record(engine)
+        return engine, engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens), calls
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
@@ -233,7 +289,7 @@ def bench_generation(
         timing = alternate(
             rounds, ours, lambda: run_lm_eval(hflm, yaml, name, log_samples=True), same=lambda a, b: [c.tokens for c in a[1]] == [c.tokens for c in b[1]]
         )
-    (engine, completions), out = timing.ours, timing.theirs
+    (engine, completions, calls), out = timing.ours, timing.theirs
     theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
 
     # lm-eval cuts at the first stop string anywhere; softeval only once the answer has begun, so a
@@ -245,6 +301,8 @@ def bench_generation(
     positions = engine.positions_computed - engine.draft_positions_discarded
     logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
     gflops = flops.forward(positions, logit_rows) / timing.ours_s / 1e9
+    # the products alone, at the sizes this run computed them, rejected drafts and all
+    ceiling_gflops = flops.forward(positions, logit_rows) / ceiling.seconds(engine, *calls) / 1e9
     return {
         "mode": f"generation {task}" + (f" {shots}-shot" if shots else ""),
         "rows": rows,
@@ -254,6 +312,7 @@ def bench_generation(
         "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps) and timing.consistent,
         "gflops": gflops,
         "peak_share": gflops / peak,
+        "ceiling_gflops": ceiling_gflops,
     }
 
 
@@ -415,15 +474,18 @@ def main() -> None:
     for name in args.models.split(","):
         lm = load_model(name, device="cpu", dtype=torch.float32)
         flops = FlopCounter(lm)
+        ceiling = MatmulCeiling(lm, flops)
         hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen", "fewshot"} else None
         rows = []
         if "mc" in parts:
             rows.append(bench_mc(lm, hflm, args.data_dir, args.mc_rows, args.batch_size, flops, peak, args.rounds))
         if "gen" in parts:
             for task in args.gen_tasks.split(","):
-                rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, peak, rounds=args.rounds))
+                rows.append(bench_generation(lm, hflm, task, args.data_dir, args.gen_rows, args.batch_size, flops, ceiling, peak, rounds=args.rounds))
         if "fewshot" in parts:
-            rows.append(bench_generation(lm, hflm, "gsm8k", args.data_dir, args.fewshot_rows, args.batch_size, flops, peak, shots=5, rounds=args.rounds))
+            rows.append(
+                bench_generation(lm, hflm, "gsm8k", args.data_dir, args.fewshot_rows, args.batch_size, flops, ceiling, peak, shots=5, rounds=args.rounds)
+            )
         if "tune" in parts:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
         if "long" in parts:
@@ -439,6 +501,8 @@ def main() -> None:
             row["model"] = name
             if "gflops" in row:
                 row["peak_share"] = row["gflops"] / peak
+            if "ceiling_gflops" in row:
+                row["ceiling_share"] = row["ceiling_gflops"] / peak
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
             if "lm_eval_s" in row:
                 rounds = row["round_speedups"]
@@ -458,6 +522,11 @@ def main() -> None:
                 line += "".join(f"\n    {stage:48s} {seconds:8.1f} s" for stage, seconds in row["stages_s"].items())
             else:
                 line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
+            if "ceiling_gflops" in row:
+                line += (
+                    f" | its matrix products alone: {row['ceiling_gflops']:.1f} GFLOP/s = {100 * row['ceiling_share']:.0f}% of peak"
+                    f" (softeval at {100 * row['gflops'] / row['ceiling_gflops']:.0f}% of that)"
+                )
             print(line, flush=True)
         report += rows
     print(json.dumps(report, indent=1))
