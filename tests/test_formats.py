@@ -4,6 +4,7 @@ and the row validation each format owns."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import ROWS, mc_example, qa_example, write_user_task
@@ -512,3 +513,28 @@ def test_a_cut_number_may_have_stopped_inside_its_digit_groups():
     assert fmt.strict(" #### 1\u202f000", qa_example("1000"), cut=True).answer is None
     assert fmt.strict(" #### 1\u202f000 apples", qa_example("1000"), cut=True).answer == "1000"
     assert fmt.strict(" #### 72 and", GSM, cut=True).answer == "72"
+
+
+@pytest.mark.parametrize(
+    "completion, read",
+    [
+        (" #### 2019 20", "2019"),  # "20" may go on; 2019 is no group of it
+        (" #### 1234 5", "1234"),
+        (" #### 1,250 7", "1250"),
+        (" #### 45.75 3", "45.75"),
+        (" #### 18 20 3", "18"),  # "20 3" may go on as "20 300"
+        (" #### 5 000 000 1", None),  # "5 000 000 1..." could be one number
+    ],
+)
+def test_a_cut_number_loses_only_the_groups_its_last_word_may_continue(completion, read):
+    assert Number().strict(completion, GSM, cut=True).answer == read
+
+
+def test_reading_a_cut_number_takes_linear_time():
+    # a repetition loop of digits cut at the token limit: a backtracking search from every
+    # position would take minutes on this; reading it backwards takes a fraction of a second
+    fmt = Number()
+    for looping in ("1 " * 50_000 + "1", "123 " * 25_000 + "12", "7" * 100_000):
+        start = time.perf_counter()
+        fmt.lenient(looping, GSM, cut=True)
+        assert time.perf_counter() - start < 2.0

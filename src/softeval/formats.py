@@ -41,16 +41,17 @@ article: strict fails, and lenient reads the text after it. The answer is record
 letter.
 
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
-one, else the last number. A number has optional thousands separators (commas, or no-break or
-thin spaces; digits grouped by plain spaces, `1 000`, are `ambiguous`: one number or two?) and
-decimals and is not part of a fraction (`1/2` is no number here); its sign is an ASCII or
-Unicode minus, next to it or to its dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared
-as exact decimal numbers (`1,250` = `1250.0`).
+one, else the last number. A number has optional decimals and thousands separators: commas, or
+no-break or thin spaces (groups of three digits after the first's one to three). Digits grouped
+so by plain spaces (`1 000`) are `ambiguous`: one number or two? A number is not part of a
+fraction (`1/2` is no number here); its sign is an ASCII or Unicode minus, next to it or to its
+dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared as
+exact decimal numbers (`1,250` = `1250.0`).
 
 Numbers and math put the answer last, after the reasoning (`answer_last`), so a completion cut at
 the token limit may stop short of it. A number completion cut there is read without its last word,
-which may be unfinished (`#### 12` of `#### 125`), and its last number is wherever the limit fell,
-not an answer: lenient takes the last number it stated as its answer instead ("The answer is 18",
+which may be unfinished (`#### 12` of `#### 125`), nor the digit groups that word may go on
+(`#### 1 000` of `#### 1 000 000`), and its last number is wherever the limit fell, not an answer: lenient takes the last number it stated as its answer instead ("The answer is 18",
 "Answer: 18" opening a line; not "The answer is 6 + 3 = 9"), or none. A math completion cut there
 is read without its unfinished last line, but for a closed `\\boxed{...}`.
 
@@ -476,6 +477,9 @@ NUMBER = (
 # plain space may as well separate two numbers ("page 3 100 times"), so "1 000" is not read as 1000
 # (nor as 1, nor as the 0 of its last group) but as ambiguous.
 _PLAIN_SPACE_GROUPED = re.compile(r"\d \d")
+# A cut completion's unfinished end, read backwards (reversed text): its last word, and where that
+# word opens with digits, the digit groups of the number it may continue ("1 000" of "1 000 000").
+_UNFINISHED_END = re.compile(r"\S*\d[ \u00a0\u2009\u202f](?:\d{3}[ \u00a0\u2009\u202f])*\d{1,3}(?![\d.,/])|\S+")
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
 # "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
@@ -513,13 +517,15 @@ def _finished_part(completion: str, cut: bool) -> str:
     "#### 1 000 000"); a word that closes a brace ("\\boxed{18}") is finished."""
     if not cut or completion.endswith("}"):
         return completion
-    return re.sub(r"(?:\d{1,3}[ \u00a0\u2009\u202f])*\d+\Z|\S+\Z", "", completion)
+    unfinished = _UNFINISHED_END.match(completion[::-1])  # from the end backwards: linear time
+    return completion[: len(completion) - unfinished.end()] if unfinished else completion
 
 
 def _number_reading(text: str) -> Reading:
     """The answer a number the parser found reads as; digits grouped by plain spaces are ambiguous."""
     if _PLAIN_SPACE_GROUPED.search(text):
-        return Reading.none("ambiguous", f"'{text.strip()}' may be one number with its digits grouped by spaces or several numbers")
+        shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:37] + "..."
+        return Reading.none("ambiguous", f"'{shown}' may be one number with its digits grouped by spaces or several numbers")
     return Reading(canonical_number(text))
 
 
