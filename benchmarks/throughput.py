@@ -126,8 +126,8 @@ class MatmulCeiling:
     fp32 matrix products reach a fraction of the square-matrix peak: this says how much of a
     run's distance from the peak is the products' own, and how much the rest of each step."""
 
-    def __init__(self, lm, flops: FlopCounter):
-        self.lm, self.flops = lm, flops
+    def __init__(self, lm):
+        self.lm = lm
         self.linears = [m for m in lm.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
         self._seconds: dict[tuple[str, int], float] = {}
 
@@ -474,7 +474,7 @@ def main() -> None:
     for name in args.models.split(","):
         lm = load_model(name, device="cpu", dtype=torch.float32)
         flops = FlopCounter(lm)
-        ceiling = MatmulCeiling(lm, flops)
+        ceiling = MatmulCeiling(lm)
         hflm = lm_eval_model(prepare_alias(name), args.lm_eval_batch_size) if parts & {"mc", "gen", "fewshot"} else None
         rows = []
         if "mc" in parts:
