@@ -51,7 +51,8 @@ exact decimal numbers (`1,250` = `1250.0`).
 Numbers and math put the answer last, after the reasoning (`answer_last`), so a completion cut at
 the token limit may stop short of it. A number completion cut there is read without its last word,
 which may be unfinished (`#### 12` of `#### 125`), nor the digit groups that word may go on
-(`#### 1 000` of `#### 1 000 000`), and its last number is wherever the limit fell, not an answer: lenient takes the last number it stated as its answer instead ("The answer is 18",
+(`#### 1 000` of `#### 1 000 000`), and its last number is wherever the limit fell, not an
+answer: lenient takes the last number it stated as its answer instead ("The answer is 18",
 "Answer: 18" opening a line; not "The answer is 6 + 3 = 9"), or none. A math completion cut there
 is read without its unfinished last line, but for a closed `\\boxed{...}`.
 
@@ -466,20 +467,22 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 
 # --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
 
+# Thousands grouped by spaces: a no-break or thin space groups digits (ISO 80000, "1\u202f000"); a
+# plain space may as well separate two numbers ("page 3 100 times"), so "1 000" is not read as 1000
+# (nor as 1, nor as the 0 of its last group) but as ambiguous.
+_GROUPING_SPACES = "\u00a0\u2009\u202f"
+_GROUP_SPACE = f"[ {_GROUPING_SPACES}]"  # a plain space too: read, then found ambiguous
 # digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
 # not the "12" of "12.5": no digits may follow, nor a decimal part, a thousands group or a fraction's "/"
 NUMBER = (
-    r"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+|\d+)"
+    rf"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{{1,3}}(?:,\d{{3}})+|\d{{1,3}}(?:{_GROUP_SPACE}\d{{3}})+|\d+)"
     r"(?:\.\d+)?(?![\d/]|[.,]\d)"
 )
-# Thousands grouped by spaces: a no-break or thin space groups digits (ISO 80000, "1\u202f000"); a
-# plain space may as well separate two numbers ("page 3 100 times"), so "1 000" is not read as 1000
-# (nor as 1, nor as the 0 of its last group) but as ambiguous.
 _PLAIN_SPACE_GROUPED = re.compile(r"\d \d")
 # A cut completion's unfinished end, read backwards (reversed text): its last word, and where that
 # word opens with digits, the digit groups of the number it may continue ("1 000" of "1 000 000").
-_UNFINISHED_END = re.compile(r"\S*\d[ \u00a0\u2009\u202f](?:\d{3}[ \u00a0\u2009\u202f])*\d{1,3}(?![\d.,/])|\S+")
+_UNFINISHED_END = re.compile(rf"\S*\d{_GROUP_SPACE}(?:\d{{3}}{_GROUP_SPACE})*\d{{1,3}}(?![\d.,/])|\S+")
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
 # "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
@@ -497,7 +500,7 @@ def canonical_number(text: str) -> str | None:
     """`1,250`, `$1250.00` and `1250` all read as "1250", `\u22123` and `$-3` as "-3"; None for
     what is not a number. Exact at any length: decimal, not floating-point, arithmetic."""
     cleaned = text.strip().replace(",", "").replace("$", "").replace("\u2212", "-").rstrip(".")
-    cleaned = re.sub(r"(?<=\d)[\u00a0\u2009\u202f](?=\d)", "", cleaned)  # digits grouped by no-break or thin spaces
+    cleaned = re.sub(rf"(?<=\d)[{_GROUPING_SPACES}](?=\d)", "", cleaned)  # digits grouped by no-break or thin spaces
     try:
         value = Decimal(cleaned)
     except InvalidOperation:
@@ -524,7 +527,8 @@ def _finished_part(completion: str, cut: bool) -> str:
 def _number_reading(text: str) -> Reading:
     """The answer a number the parser found reads as; digits grouped by plain spaces are ambiguous."""
     if _PLAIN_SPACE_GROUPED.search(text):
-        shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:37] + "..."
+        number = text.strip()
+        shown = number if len(number) <= 40 else number[:37] + "..."
         return Reading.none("ambiguous", f"'{shown}' may be one number with its digits grouped by spaces or several numbers")
     return Reading(canonical_number(text))
 
