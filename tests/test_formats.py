@@ -538,3 +538,36 @@ def test_reading_a_cut_number_takes_linear_time():
         start = time.perf_counter()
         fmt.lenient(looping, GSM, cut=True)
         assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "completion, status, written",
+    [
+        (" #### 2 500,00", "ambiguous", "2 500,00"),  # not the 2 before its groups
+        (" #### 1\u00a0000,50", "ambiguous", "1\u00a0000,50"),  # not 1
+        (" #### 1\t000", "ambiguous", "1\t000"),  # a tab is no surer a grouping than a space
+        (" So 3 + 2 = 5,5\n#### 5,5", "ambiguous", "5,5"),  # 5.5, or 55? not the 2 of the sum
+        (" 12 + 988 = 1.000,50 in all", "ambiguous", "1.000,50"),  # not 12, or 988
+        (" x is 7 and y is 2,5", "ambiguous", "2,5"),  # not 7
+        (" 1/6 + 6 = 1/3", "no_answer", "1/3"),  # the result is a fraction: not 6
+        (" #### 1/2\nso it is 7", "no_answer", "1/2"),  # the marked answer is a fraction: not 7
+        (" it costs 3 + .5", "no_answer", ".5"),  # not 3
+    ],
+)
+def test_a_number_the_format_cannot_read_is_not_replaced_by_another(completion, status, written):
+    fmt = Number()
+    reading = fmt.lenient(completion, GSM)
+    assert (reading.answer, reading.status) == (None, status)
+    assert repr(written) in reading.note  # the note quotes the number as written
+    assert fmt.strict(completion, GSM).answer is None
+
+
+def test_numbers_next_to_a_unit_or_another_number_still_read():
+    fmt = Number()
+    assert fmt.lenient(" so she earns $50,000/year", qa_example("50000")).answer == "50000"  # "/year" is no fraction
+    assert fmt.strict(" #### 72/month", GSM).answer == "72"
+    assert fmt.lenient(" 10-3", GSM).answer == "3"  # a subtraction ends in 3, not -3
+    assert fmt.lenient(" so it is -3", GSM).answer == "-3"
+    assert fmt.lenient(" in 2019 150 people came", GSM).answer == "150"
+    # cut: a stated number is not the first group of a calculation's first term
+    assert fmt.lenient(" The answer is 1 000 * 2 = 2000 and", GSM, cut=True).answer is None

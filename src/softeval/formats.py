@@ -43,10 +43,12 @@ letter.
 Number (`number`, GSM8K): strict needs `#### <number>`; lenient takes that number where there is
 one, else the last number. A number has optional decimals and thousands separators: commas, or
 no-break or thin spaces (groups of three digits after the first's one to three). Digits grouped
-so by plain spaces (`1 000`) are `ambiguous`: one number or two? A number is not part of a
-fraction (`1/2` is no number here); its sign is an ASCII or Unicode minus, next to it or to its
-dollar sign (`-$3`, `$-3`), or after `####` also apart (`#### - 3`). Answers are compared as
-exact decimal numbers (`1,250` = `1250.0`).
+so by plain spaces or tabs (`1 000`) are `ambiguous`: one number or two? Its sign is an ASCII or
+Unicode minus, next to it or to its dollar sign (`-$3`, `$-3`), or after `####` also apart
+(`#### - 3`). A numeral the format cannot read is never replaced by a number before it or inside
+it: a decimal comma or mixed grouping (`5,5`, `1.000,50`, `2 500,00`) is `ambiguous`, a fraction
+(`1/2`) is no answer. A "/" before a non-digit is no fraction (`72/month` reads 72). Answers are
+compared as exact decimal numbers (`1,250` = `1250.0`).
 
 Numbers and math put the answer last, after the reasoning (`answer_last`), so a completion cut at
 the token limit may stop short of it. A number completion cut there is read without its last word,
@@ -468,23 +470,32 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 # --- number: "#### <number>" (GSM8K) ----------------------------------------------------------------
 
 # Thousands grouped by spaces: a no-break or thin space groups digits (ISO 80000, "1\u202f000"); a
-# plain space may as well separate two numbers ("page 3 100 times"), so "1 000" is not read as 1000
-# (nor as 1, nor as the 0 of its last group) but as ambiguous.
+# plain space or a tab may as well separate two numbers ("page 3 100 times"), so "1 000" is not read
+# as 1000 (nor as 1, nor as the 0 of its last group) but as ambiguous.
 _GROUPING_SPACES = "\u00a0\u2009\u202f"
-_GROUP_SPACE = f"[ {_GROUPING_SPACES}]"  # a plain space too: read, then found ambiguous
+_GROUP_SPACE = f"[ \t{_GROUPING_SPACES}]"  # a plain space or tab too: read, then found ambiguous
 # digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
-# not the "12" of "12.5": no digits may follow, nor a decimal part, a thousands group or a fraction's "/"
+# Not the "12" of "12.5" or of "12/5": no digits may follow, nor a decimal part, a fraction's "/"
+# or, after one to three digits, a thousands group ("2" is not the number of "2 500,00").
 NUMBER = (
-    rf"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?(?:\d{{1,3}}(?:,\d{{3}})+|\d{{1,3}}(?:{_GROUP_SPACE}\d{{3}})+|\d+)"
-    r"(?:\.\d+)?(?![\d/]|[.,]\d)"
+    rf"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?"
+    rf"(?:\d{{1,3}}(?:,\d{{3}})+|\d{{1,3}}(?:{_GROUP_SPACE}\d{{3}})+|\d{{4,}}|\d{{1,3}}(?!{_GROUP_SPACE}\d{{3}}(?!\d)))"
+    r"(?:\.\d+)?(?!\d|/\d|[.,]\d)"
 )
-_PLAIN_SPACE_GROUPED = re.compile(r"\d \d")
+# A numeral as written: digits joined by the separators a number may have, and "/" (a fraction).
+# Where `NUMBER` does not read all of it ("5,5", "1.000,50", "2 500,00", "1/2"), the completion's
+# number is in a form the format cannot read, and no other number stands in for it.
+_NUMERAL = rf"\.?\d(?:\d|[.,/](?=\d)|(?<!\d{{4}}){_GROUP_SPACE}(?=\d{{3}}(?!\d)))*"  # "2019 150": two
+_NUMBERS, _NUMERALS = re.compile(NUMBER), re.compile(_NUMERAL)
+_SIGN_BEFORE = re.compile(r"(?:[-\u2212][$]?|[$][-\u2212]?)\Z")  # of a numeral: what `NUMBER` takes as its sign
+_PLAIN_SPACE_GROUPED = re.compile(r"\d[ \t]\d")
 # A cut completion's unfinished end, read backwards (reversed text): its last word, and where that
 # word opens with digits, the digit groups of the number it may continue ("1 000" of "1 000 000").
 _UNFINISHED_END = re.compile(rf"\S*\d{_GROUP_SPACE}(?:\d{{3}}{_GROUP_SPACE})*\d{{1,3}}(?![\d.,/])|\S+")
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
-MARKED_NUMBER = rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({NUMBER})"  # a bullet on the next line is no sign
+# "####", an optional sign and the numeral after it; a bullet on the next line is no sign
+MARKED_NUMERAL = re.compile(rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)((?:[-\u2212][$]?|[$][-\u2212]?)?{_NUMERAL})")
 # "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
 # "answer is": a number the completion states as its answer. Not the first term of a calculation
 # ("The answer is 6 + 3 = 9", "6 x 3", "9 plus 9"), and not "the answer: 48 clips" inside a sentence.
@@ -527,10 +538,50 @@ def _finished_part(completion: str, cut: bool) -> str:
 def _number_reading(text: str) -> Reading:
     """The answer a number the parser found reads as; digits grouped by plain spaces are ambiguous."""
     if _PLAIN_SPACE_GROUPED.search(text):
-        number = text.strip()
-        shown = number if len(number) <= 40 else number[:37] + "..."
-        return Reading.none("ambiguous", f"'{shown}' may be one number with its digits grouped by spaces or several numbers")
+        return Reading.none("ambiguous", f"{_quoted(text)} may be one number with its digits grouped by spaces or several numbers")
     return Reading(canonical_number(text))
+
+
+def _numeral_reading(numeral: str, number: str | None) -> Reading:
+    """The reading of a numeral as written, given the number `NUMBER` reads covering all of it
+    (None where it reads none or only a part: then there is no number)."""
+    if number is not None:
+        return _number_reading(number)
+    if "/" in numeral:
+        return Reading.none("no_answer", f"{_quoted(numeral)} is a fraction; the number format reads whole and decimal numbers")
+    if re.search(rf"[, \t{_GROUPING_SPACES}]", numeral):
+        return Reading.none("ambiguous", f"{_quoted(numeral)} may have a decimal comma or its digits grouped another way")
+    return Reading.none("no_answer", f"{_quoted(numeral)} is not a number the number format reads")
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    text = text.strip()
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def _marked_number(text: str) -> Reading | None:
+    """The reading of the first "####" followed by a numeral; None where there is none."""
+    marked = MARKED_NUMERAL.search(text)
+    if marked is None:
+        return None
+    written = (marked.group(1) or "") + marked.group(2)
+    return _numeral_reading(written, written if re.fullmatch(NUMBER, written) else None)
+
+
+def _last_number(text: str) -> Reading:
+    """The reading of the last numeral in the text, with a sign before it: no earlier number
+    stands in for one the format cannot read ("5,5" is not read as a "2" before it)."""
+    numeral = None
+    for numeral in _NUMERALS.finditer(text):
+        pass
+    if numeral is None:
+        return Reading.none("no_answer", "no number")
+    sign = _SIGN_BEFORE.search(text, max(0, numeral.start() - 2), numeral.start())
+    for start in ([sign.start()] if sign else []) + [numeral.start()]:  # "10-3" ends in 3, not -3
+        number = _NUMBERS.match(text, start)
+        if number is not None and number.end() == numeral.end():
+            return _number_reading(number.group())
+    return _numeral_reading(numeral.group(), None)
 
 
 class Number(AnswerFormat):
@@ -550,22 +601,19 @@ class Number(AnswerFormat):
     def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         if not completion.strip():
             return Reading.none("no_answer", "empty completion")
-        match = re.search(MARKED_NUMBER, _finished_part(completion, cut))
-        if not match:
-            return Reading.none("no_answer", "no '#### <number>' in the completion")
-        return _number_reading((match.group(1) or "") + match.group(2))
+        marked = _marked_number(_finished_part(completion, cut))
+        return marked or Reading.none("no_answer", "no '#### <number>' in the completion")
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        marked = self.strict(completion, example, cut=cut)
-        if marked.answer is not None or marked.status == "ambiguous":  # its own "#### <number>" is its answer
+        marked = _marked_number(_finished_part(completion, cut))
+        if marked is not None:  # its own "#### <number>" is its answer, read or not
             return marked
         if cut:  # its last number is wherever the token limit fell: only an answer it stated counts
             stated = STATED_NUMBER.findall(_finished_part(completion, cut))
             if stated:
                 return _number_reading(stated[-1])
             return Reading.none("no_answer", "cut at the token limit before an answer ('####' or 'the answer is N')")
-        numbers = re.findall(NUMBER, completion)
-        return _number_reading(numbers[-1]) if numbers else Reading.none("no_answer", "no number")
+        return _last_number(completion)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and answer == canonical_number(example.answer)
