@@ -474,12 +474,13 @@ def _option_texts(example: Example, level) -> list[tuple[str, str]]:
 # as 1000 (nor as 1, nor as the 0 of its last group) but as ambiguous.
 _GROUPING_SPACES = "\u00a0\u2009\u202f"
 _GROUP_SPACE = f"[ \t{_GROUPING_SPACES}]"  # a plain space or tab too: read, then found ambiguous
-# digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # The sign may be ASCII or the Unicode minus, before or after a dollar sign ("-$3", "$-3").
+_SIGN = r"(?:[-\u2212][$]?|[$][-\u2212]?)"
+# digits with optional thousands separators and decimals; not part of a fraction or a longer number.
 # Not the "12" of "12.5" or of "12/5": no digits may follow, nor a decimal part, a fraction's "/"
 # or, after one to three digits, a thousands group ("2" is not the number of "2 500,00").
 NUMBER = (
-    rf"(?<![\d.,/])(?:[-\u2212][$]?|[$][-\u2212]?)?"
+    rf"(?<![\d.,/]){_SIGN}?"
     rf"(?:\d{{1,3}}(?:,\d{{3}})+|\d{{1,3}}(?:{_GROUP_SPACE}\d{{3}})+|\d{{4,}}|\d{{1,3}}(?!{_GROUP_SPACE}\d{{3}}(?!\d)))"
     r"(?:\.\d+)?(?!\d|/\d|[.,]\d)"
 )
@@ -488,14 +489,14 @@ NUMBER = (
 # number is in a form the format cannot read, and no other number stands in for it.
 _NUMERAL = rf"\.?\d(?:\d|[.,/](?=\d)|(?<!\d{{4}}){_GROUP_SPACE}(?=\d{{3}}(?!\d)))*"  # "2019 150": two
 _NUMBERS, _NUMERALS = re.compile(NUMBER), re.compile(_NUMERAL)
-_SIGN_BEFORE = re.compile(r"(?:[-\u2212][$]?|[$][-\u2212]?)\Z")  # of a numeral: what `NUMBER` takes as its sign
+_SIGN_BEFORE = re.compile(rf"{_SIGN}\Z")  # of a numeral: what `NUMBER` takes as its sign
 _PLAIN_SPACE_GROUPED = re.compile(r"\d[ \t]\d")
 # A cut completion's unfinished end, read backwards (reversed text): its last word, and where that
 # word opens with digits, the digit groups of the number it may continue ("1 000" of "1 000 000").
 _UNFINISHED_END = re.compile(rf"\S*\d{_GROUP_SPACE}(?:\d{{3}}{_GROUP_SPACE})*\d{{1,3}}(?![\d.,/])|\S+")
 # after "####" a sign may stand apart ("#### - 3"); elsewhere "5 - 3" is a subtraction
 # "####", an optional sign and the numeral after it; a bullet on the next line is no sign
-MARKED_NUMERAL = re.compile(rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)((?:[-\u2212][$]?|[$][-\u2212]?)?{_NUMERAL})")
+MARKED_NUMERAL = re.compile(rf"####(?:[ \t]*([-\u2212])[ \t]+|\s*)({_SIGN}?{_NUMERAL})")
 # "The answer is 18", "The final answer is: **$18**", "Answer: 18" opening a line, "\boxed{18}" after
 # "answer is": a number the completion states as its answer. Not the first term of a calculation
 # ("The answer is 6 + 3 = 9", "6 x 3", "9 plus 9"), and not "the answer: 48 clips" inside a sentence.
@@ -542,14 +543,11 @@ def _number_reading(text: str) -> Reading:
     return Reading(canonical_number(text))
 
 
-def _numeral_reading(numeral: str, number: str | None) -> Reading:
-    """The reading of a numeral as written, given the number `NUMBER` reads covering all of it
-    (None where it reads none or only a part: then there is no number)."""
-    if number is not None:
-        return _number_reading(number)
+def _unreadable(numeral: str) -> Reading:
+    """The reading of a numeral as written that `NUMBER` does not read whole: there is no number."""
     if "/" in numeral:
         return Reading.none("no_answer", f"{_quoted(numeral)} is a fraction; the number format reads whole and decimal numbers")
-    if re.search(rf"[, \t{_GROUPING_SPACES}]", numeral):
+    if re.search(rf",|{_GROUP_SPACE}", numeral):
         return Reading.none("ambiguous", f"{_quoted(numeral)} may have a decimal comma or its digits grouped another way")
     return Reading.none("no_answer", f"{_quoted(numeral)} is not a number the number format reads")
 
@@ -565,7 +563,7 @@ def _marked_number(text: str) -> Reading | None:
     if marked is None:
         return None
     written = (marked.group(1) or "") + marked.group(2)
-    return _numeral_reading(written, written if re.fullmatch(NUMBER, written) else None)
+    return _number_reading(written) if _NUMBERS.fullmatch(written) else _unreadable(written)
 
 
 def _last_number(text: str) -> Reading:
@@ -581,7 +579,7 @@ def _last_number(text: str) -> Reading:
         number = _NUMBERS.match(text, start)
         if number is not None and number.end() == numeral.end():
             return _number_reading(number.group())
-    return _numeral_reading(numeral.group(), None)
+    return _unreadable(numeral.group())
 
 
 class Number(AnswerFormat):
@@ -605,11 +603,12 @@ class Number(AnswerFormat):
         return marked or Reading.none("no_answer", "no '#### <number>' in the completion")
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        marked = _marked_number(_finished_part(completion, cut))
+        finished = _finished_part(completion, cut)
+        marked = _marked_number(finished)
         if marked is not None:  # its own "#### <number>" is its answer, read or not
             return marked
         if cut:  # its last number is wherever the token limit fell: only an answer it stated counts
-            stated = STATED_NUMBER.findall(_finished_part(completion, cut))
+            stated = STATED_NUMBER.findall(finished)
             if stated:
                 return _number_reading(stated[-1])
             return Reading.none("no_answer", "cut at the token limit before an answer ('####' or 'the answer is N')")
