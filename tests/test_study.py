@@ -332,7 +332,8 @@ def test_a_failing_unit_is_reported_and_the_others_finish(tmp_path, tiny_model_d
             "--method", "zero-shot", "--limit", 4, "--output", out, *(["--ray", "local"] if ray else [])]
     result = run(*args)
     assert isinstance(result.exception, SoftevalError)
-    assert f"{out / 'broken-model' / 'capitals'} failed: cannot load model" in str(result.exception)
+    # the weights load with the first cell that needs them: that cell is the one that fails
+    assert f"{out / 'broken-model' / 'capitals' / 'zero-shot'} failed: cannot load model" in str(result.exception)
     assert set(cells_of(out)) == {(tiny_model_dirs["llama"].name, "capitals", "zero-shot")}
     assert json.loads((out / "comparison.json").read_text())["cells"]
 
@@ -495,3 +496,19 @@ def test_cells_of_one_task_judged_by_other_parsers_are_flagged(tmp_path, tiny_mo
     cells[0].versions["parsers"] = "older"
     flags = cell_flags(cells)
     assert all(judged_by(flags[id(c)]) == [f"judged by parsers {c.versions['parsers']}, one of 2 here: rerun its command"] for c in cells)
+
+
+def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_model_dirs):
+    import shutil
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dirs["llama"], folder)
+    task = write_user_task(tmp_path, ROWS * 3)
+    out = tmp_path / "out"
+    evaluate_with = lambda methods: run("run", "--model", folder, "--task", task, "--method", methods, "--limit", 3, "--output", out)  # noqa: E731
+    assert evaluate_with("zero-shot").exit_code == 0
+    (folder / "model.safetensors").write_bytes(b"not weights")  # a rerun that read them would fail
+    rerun = evaluate_with("zero-shot")
+    assert rerun.exit_code == 0 and "1 of 1 cells were finished already" in rerun.output
+    more = evaluate_with("zero-shot,few-shot")  # a cell to compute: now the weights load
+    assert more.exit_code == 1 and f"cannot load model '{folder}'" in str(more.exception)

@@ -92,5 +92,5 @@ def _run_unit(model: str, spec: TaskSpec, study: Study, *, output: Path, soft, d
     import torch
 
     torch.set_num_threads(max(1, int(study.resources.get("num_cpus", 1))))
-    lm = load_model(model, cache_dir=cache_dir)
+    lm = load_model(model, cache_dir=cache_dir, lazy=True)
     return run_unit(lm, spec, study, output=output, soft=soft, data_dir=data_dir, force=force, progress=False)

@@ -89,20 +89,42 @@ ALIASES: dict[str, Alias] = {
 
 @dataclass
 class LoadedModel:
-    """A frozen causal LM with the facts about it that prompting and scoring need."""
+    """A frozen causal LM with the facts about it that prompting and scoring need. The network
+    (`model`) may load at its first use: what the model is (`identity`) and its tokenizer are
+    known before, from its config, so a command whose cells are all finished never loads it."""
 
     name: str
-    model: torch.nn.Module
     tokenizer: object
     post_trained: bool  # has a chat template
     bos_token_id: int | None  # prepended to every prompt when the tokenizer does so itself
     eos_token_ids: list[int]
     context_length: int
-    identity: dict = field(default_factory=dict)
+    identity: dict
+    load_weights: Callable[[], torch.nn.Module] = field(repr=False)
+    _model: torch.nn.Module | None = field(default=None, repr=False)
+    _failure: SoftevalError | None = field(default=None, repr=False)  # weights that could not load, tried once
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The network, frozen and in eval mode; its weights load the first time it is asked for."""
+        if self._failure is not None:
+            raise self._failure
+        if self._model is None:
+            try:
+                self._model = self.load_weights()
+            except SoftevalError as exc:
+                self._failure = exc
+                raise
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights are in memory."""
+        return self._model is not None
 
     @property
     def hidden_size(self) -> int:
-        return self.model.get_input_embeddings().weight.shape[1]
+        return self.identity["hidden_size"]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without any special tokens added."""
@@ -160,13 +182,15 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
+    lazy: bool = False,
 ) -> LoadedModel:
-    """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode."""
+    """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode. With
+    `lazy`, only its config and tokenizer load now, and the weights at the first use of `.model`
+    (but for a GGUF file: what its model is is known only once its weights are read)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    release_freed_memory()  # what an earlier model left free goes back before this one loads
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     path = Path(spec).expanduser()
@@ -186,12 +210,60 @@ def load_model(
         where, source = spec, {"hub_id": spec}
     # a hub that cannot be reached leaves the Hugging Face cache, read at once instead of retrying
     unreachable = hub_unreachable() if kind == "hub" else None
+    reading = lambda: _reading(spec, source, unreachable)  # noqa: E731
+    with reading():
+        tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
+
+    def weights() -> torch.nn.Module:
+        release_freed_memory()  # what an earlier model left free goes back before this one loads
+        with reading(), _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
+            # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
+            network = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        network.to(device).eval().requires_grad_(False)
+        if device == "cpu":
+            keep_freed_memory()  # every batch reuses the blocks the last one freed (see softeval.memory)
+        return network
+
+    if kind == "gguf":  # its config gains a quantisation record (which the config hash covers) as its weights load
+        network = weights()
+        lm = _describe(spec, network, tokenizer, model_identity(spec, network, source), post_trained_hint, lambda: network)
+    else:
+        with reading():
+            skeleton = _skeleton(where, kwargs)
+
+        def checked_weights() -> torch.nn.Module:
+            network = weights()
+            check_same_model(spec, skeleton, network, tokenizer)
+            return network
+
+        lm = _describe(spec, skeleton, tokenizer, model_identity(spec, skeleton, source), post_trained_hint, checked_weights)
+    if not lazy or kind == "gguf":
+        lm.model  # noqa: B018 - loads the weights now
+    return lm
+
+
+def _skeleton(where: str, kwargs: dict) -> torch.nn.Module:
+    """The model's network without its weights (on the meta device), with the generation settings
+    `from_pretrained` would give it: what it is can be read off it before the weights load."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(where, trust_remote_code=kwargs["trust_remote_code"])
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, **kwargs)
+    try:
+        skeleton.generation_config = GenerationConfig.from_pretrained(where)
+    except OSError:  # no generation_config.json: the settings its config implies, as from_pretrained keeps
+        pass
+    return skeleton
+
+
+@contextmanager
+def _reading(spec: str, source: dict, unreachable: str | None) -> Iterator[None]:
+    """Reading a model's files, with transformers' many kinds of errors told as one line."""
     try:
         with offline() if unreachable else nullcontext():
-            tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
-            # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
-            with _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
-                model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+            yield
     except SoftevalError:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
@@ -201,10 +273,22 @@ def load_model(
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = "check the hub id and your network, or give a local folder" if "hub_id" in source else "check the file"
         raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
-    model.to(device).eval().requires_grad_(False)
-    if device == "cpu":
-        keep_freed_memory()  # every batch reuses the blocks the last one freed (see softeval.memory)
-    return _describe(spec, model, tokenizer, source, post_trained_hint)
+
+
+def check_same_model(spec: str, skeleton, network, tokenizer) -> None:
+    """The loaded network is the model its config described: finished cells were matched to the
+    identity read off the config, so a model whose files changed in between is refused, not mixed
+    in. (A quantised model's parameter count and dtype may differ: the identity keeps the config's.)"""
+
+    def facts(model) -> dict:
+        identity = model_identity(spec, model, {})
+        return {key: identity[key] for key in ("model_type", "vocab_size", "hidden_size", "config_sha256")} | {"eos": _eos_ids(model, tokenizer)}
+
+    expected, found = facts(skeleton), facts(network)
+    changed = [key for key in expected if found[key] != expected[key]]
+    if changed:
+        raise SoftevalError(f"model '{spec}': its loaded weights differ from its config in {', '.join(changed)}; "
+                            "were its files changed during the command? Run it again")
 
 
 @contextmanager
@@ -252,34 +336,39 @@ def model_name(spec: str) -> str:
     return Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1]
 
 
-def _describe(spec, model, tokenizer, source: dict, post_trained_hint: bool | None) -> LoadedModel:
-    probe = tokenizer("a")["input_ids"]
-    bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
-    eos = _eos_ids(model, tokenizer)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
+def model_identity(spec: str, model, source: dict) -> dict:
+    """What a model is, read off its network (weights loaded or not): architecture, size, dtype,
+    config hash and where it came from."""
     # a multimodal wrapper's own config lacks the text settings: they are in its text config
     text_config = model.config.get_text_config()
-    context = getattr(text_config, "max_position_embeddings", None) or 2048
-    n_params = sum(p.numel() for p in model.parameters())
-    identity = {
+    embeddings = model.get_input_embeddings().weight
+    return {
         "spec": spec,
         "model_type": text_config.model_type,
-        "n_parameters": n_params,
-        "vocab_size": model.get_input_embeddings().weight.shape[0],
-        "hidden_size": model.get_input_embeddings().weight.shape[1],
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": embeddings.shape[0],
+        "hidden_size": embeddings.shape[1],
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "config_sha256": config_sha256(model.config),
         **source,
     }
+
+
+def _describe(spec, network, tokenizer, identity: dict, post_trained_hint: bool | None, load_weights) -> LoadedModel:
+    """The model's facts, read off its network (weights loaded or not) and tokenizer."""
+    probe = tokenizer("a")["input_ids"]
+    bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    context = getattr(network.config.get_text_config(), "max_position_embeddings", None) or 2048
     return LoadedModel(
         name=model_name(spec),
-        model=model,
         tokenizer=tokenizer,
         post_trained=has_template if post_trained_hint is None else post_trained_hint and has_template,
         bos_token_id=bos,
-        eos_token_ids=eos,
+        eos_token_ids=_eos_ids(network, tokenizer),
         context_length=int(context),
         identity=identity,
+        load_weights=load_weights,
     )
 
 

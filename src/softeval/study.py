@@ -11,7 +11,7 @@ adapters where a method needs one, then a comparison of every finished cell in t
 where a soft prompt comes from (`prompt`: none, a given file, or tuned here) and in how the grid is
 written down (flags or a study file). A cell whose results.json records the identity the cell
 would have now is finished and skipped (judged again by the installed parsers), so a rerun of an
-interrupted study does only what is left. The settings (`Study`, `load_study`) are in `settings.py`;
+interrupted study does only what is left; a model's weights load only for a cell that is not. The settings (`Study`, `load_study`) are in `settings.py`;
 one model's cells on one task, tuning and skipping included, in `cells.py`.
 """
 
@@ -119,8 +119,8 @@ def run_study(
         reports = []
         for entry in study.models:
             lm = None  # the last model is freed before the next one loads, not after
-            try:
-                lm = load_model(entry.model, cache_dir=cache_dir)
+            try:  # its weights load with the first cell that is not finished yet
+                lm = load_model(entry.model, cache_dir=cache_dir, lazy=True)
             except SoftevalError as exc:  # reported with the failed cells; the other models go on
                 log.error("%s", exc)
                 reports += [CellReport(output / model_name(entry.model) / spec.name, "failed", str(exc)) for spec in specs]
