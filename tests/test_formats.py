@@ -80,6 +80,32 @@ def test_letter_with_its_own_text_is_one_answer():
     assert fmt.lenient(" D. the index fossils", FIGHT).answer == "D"
 
 
+RIBS = mc_example(["The ribs", "The ribs and sternum", "The ribs, sternum and clavicle", "The ribs, sternum, clavicle and vertebrae"], 2)
+SIGNS = mc_example(["1", "-1", "i", "-i"], 1)
+
+
+@pytest.mark.parametrize(
+    "completion, example, cut, reading",
+    [
+        # the letter's own text, stopped short: not the shorter option's text it starts with
+        (" C. The ribs, sternum and", RIBS, True, "C"),
+        (" C. The ribs, sternum and", RIBS, False, "C"),  # goes on past A's text: only C's begins so
+        (" C. The ribs", RIBS, True, "C"),  # cut by the token limit inside C's text
+        (" C. The ribs", RIBS, False, "conflict"),  # finished with A's text
+        (" C. The ribs are below the", RIBS, True, "conflict"),  # A's text, then words of no option
+        # an option's own sign is part of its text, not a dash after the letter
+        (" B. -1", SIGNS, False, "B"),
+        (" A. -1", SIGNS, False, "conflict"),
+        (" B - -1", SIGNS, False, "B"),
+        (" A - 1", SIGNS, False, "A"),
+    ],
+)
+def test_an_echo_of_an_option_is_read_as_written(completion, example, cut, reading):
+    fmt = MultipleChoice()
+    for parsed in (fmt.strict(completion, example, cut=cut), fmt.lenient(completion, example, cut=cut)):
+        assert (parsed.answer or parsed.status) == reading
+
+
 @pytest.mark.parametrize("completion", [" A B C D", " A or B", " I think it is pollen, not a seed", " B, C"])
 def test_naming_several_options_is_ambiguous(completion):
     fmt = MultipleChoice()
@@ -98,6 +124,7 @@ def test_lenient_finds_one_option_anywhere():
 
 
 GSM = qa_example("72")
+GSM18 = qa_example("18")
 
 
 @pytest.mark.parametrize(
@@ -319,8 +346,15 @@ def test_math_cut_reads_no_unfinished_final_answer():
     assert fmt.strict(" so \\boxed{7} and then", SEVEN, cut=True).answer == "7"
     assert fmt.strict(" so \\boxed 7", SEVEN, cut=True).answer is None  # 7 or 71?
     # the limit fell inside the last \boxed: the one before it, on a finished line, is the answer
-    for unfinished in (" \\boxed{7}\nthen \\boxed{1", " \\boxed{7}\nthen \\boxed 1"):
-        assert fmt.strict(unfinished, SEVEN, cut=True).answer == "7"
+    # where the unfinished one repeats it so far; another answer begun there leaves none
+    for repeated in (" \\boxed{7}\nso \\boxed{7", " \\boxed{7}\nso \\boxed{", " \\boxed{7}\nso \\boxed 7"):
+        assert fmt.strict(repeated, SEVEN, cut=True).answer == "7"
+    for revised in (" \\boxed{2}.\nThen the answer is \\boxed{\\frac{3", " \\boxed{7}\nthen \\boxed 1"):
+        for parser in (fmt.strict, fmt.lenient):
+            reading = parser(revised, SEVEN, cut=True)
+            assert reading.answer is None and reading.note == "cut at the token limit inside its last \\boxed answer"
+    assert fmt.lenient(" Final Answer: 7\nso \\boxed{7", SEVEN, cut=True).answer == "7"
+    assert fmt.lenient(" Final Answer: 2\nso \\boxed{7", SEVEN, cut=True).answer is None
     # an unclosed "$" may go on: "\frac{1}{2}" of "\frac{1}{2}\pi"
     assert fmt.lenient(" The final answer is $\\frac{1}{2}", SEVEN, cut=True).answer is None
     assert fmt.lenient(" Final Answer: $7$\nand more", SEVEN, cut=True).answer == "7"
@@ -571,3 +605,20 @@ def test_numbers_next_to_a_unit_or_another_number_still_read():
     assert fmt.lenient(" in 2019 150 people came", GSM).answer == "150"
     # cut: a stated number is not the first group of a calculation's first term
     assert fmt.lenient(" The answer is 1 000 * 2 = 2000 and", GSM, cut=True).answer is None
+
+
+@pytest.mark.parametrize(
+    "completion, strict, lenient",
+    [
+        # numbered Markdown headings over the steps are not "#### <answer>" lines
+        ("#### 1. Eggs left\n16 - 3 - 4 = 9\n#### 2. Money\n9 * 2 = 18\n#### 18", "18", "18"),
+        ("#### 1. Eggs left\n16 - 3 - 4 = 9\n#### 2. Money\n9 * 2 = 18", None, "18"),
+        ("  #### 3) Total\nIt is 18", None, "18"),
+        # an answer line that goes on with words is still the answer
+        (" #### 18. I hope it is correct.", "18", "18"),
+        ("#### 18. I hope it is correct.\n\n", "18", "18"),
+    ],
+)
+def test_numbered_headings_are_not_the_answer(completion, strict, lenient):
+    assert Number().strict(completion, GSM18).answer == strict
+    assert Number().lenient(completion, GSM18).answer == lenient

@@ -7,7 +7,7 @@ import math
 import pytest
 from conftest import mc_example, qa_example
 
-from softeval.formats import MultipleChoice, ShortAnswer
+from softeval.formats import Example, MultipleChoice, ShortAnswer
 from softeval.metrics import Judgement, Metric, Sample, aggregate, diagnose, score_sample
 
 
@@ -117,8 +117,51 @@ def test_collapse_onto_one_letter_is_flagged():
     assert d.answer_distribution == {"A": 47, "B": 3, "none": 0}
     assert (d.most_common_answer, d.most_common_share) == ("A", 0.94)
     assert d.most_common_accuracy == 13 / 50
-    assert d.collapsed and d.at_chance
-    assert d.flags == ["at chance (25%)", "collapsed: A 94%"]
+    assert d.collapsed and d.at_chance and d.majority_share == 0.26
+    # the level a constant answer reaches: always "A" scores 26% here, above the 25% of chance
+    assert d.flags == ["at chance (26%)", "collapsed: A 94%"]
+
+
+def _yes_no_sample(strict: str | None, gold: str, knowledge: str | None = None) -> Sample:
+    sample = _sample(strict, gold)
+    return sample.model_copy(update={"knowledge_answer": knowledge, "option_loglikelihoods": [-1.0, -2.0], "choices": ["yes", "no"]})
+
+
+def test_a_task_whose_gold_answers_lean_one_way_is_judged_against_the_majority_answer():
+    # 62 of 100 gold answers are "A" (BoolQ's "yes"): answering A 70% of the time is no collapse,
+    # but a score within reach of always answering A is at chance, even above 50%
+    golds = ["A"] * 62 + ["B"] * 38
+    # A for 48 of the 62 A rows and for 22 of the 38 B rows: 70 A answers, 48 + 16 right
+    answers = ["A"] * 48 + ["B"] * 14 + ["A"] * 22 + ["B"] * 16
+    leaning = [_yes_no_sample(answer, gold, answer) for answer, gold in zip(answers, golds)]
+    accuracy = aggregate(leaning)["task_accuracy"]
+    d = diagnose(leaning, accuracy, chance=0.5)
+    assert d.majority_share == 0.62 and accuracy.value == 0.64 and 0.5 < accuracy.ci_low <= 0.62
+    assert not d.collapsed and not d.knowledge_collapsed and d.at_chance and d.flags == ["at chance (62%)"]
+    always = [_yes_no_sample("A", gold, "A") for gold in golds]
+    assert diagnose(always, aggregate(always)["task_accuracy"], chance=0.5).collapsed  # 100% > 62% + 20
+
+
+def test_log_likelihoods_that_always_pick_one_option_are_flagged():
+    golds = ["A"] * 62 + ["B"] * 38
+    right = [_yes_no_sample(gold, gold, gold) for gold in golds]  # the strict answers are right
+    d = diagnose(right, aggregate(right)["task_accuracy"], chance=0.5)
+    assert d.knowledge_distribution == {"A": 62, "B": 38, "none": 0} and not d.knowledge_collapsed and d.flags == []
+    yes = [s.model_copy(update={"knowledge_answer": "A"}) for s in right[:95]] + right[95:]  # B's rows picked A but 5
+    d = diagnose(yes, aggregate(yes)["task_accuracy"], chance=0.5)
+    assert d.knowledge_distribution == {"A": 95, "B": 5, "none": 0} and d.knowledge_collapsed
+    assert d.flags == ["knowledge collapsed: A 95%"]
+
+
+def test_knowledge_sums_log_likelihoods_where_the_task_says_so():
+    from softeval.formats import answer_format
+
+    example = Example(index=0, source="t", row={}, question="q", answer="B", choices=["yes", "no"], answer_index=1)
+    likely_no = [math.log(0.02), math.log(0.06)]  # "no" is three times as likely
+    per_character = score_sample(answer_format("multiple_choice"), example, " B", likely_no)
+    summed = score_sample(answer_format("multiple_choice", cloze_normalization="none"), example, " B", likely_no)
+    assert (per_character.knowledge_answer, per_character.knowledge_correct) == ("A", False)  # -1.30 per character beats -1.41
+    assert (summed.knowledge_answer, summed.knowledge_correct) == ("B", True)
 
 
 def test_a_cell_above_chance_with_spread_answers_is_not_flagged():

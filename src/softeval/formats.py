@@ -90,6 +90,10 @@ from softeval.errors import SoftevalError
 LETTERS = string.ascii_uppercase
 Status = Literal["answer", "no_answer", "ambiguous", "conflict"]
 Normalization = Literal["squad", "triviaqa"]  # short answers: the benchmark's normalisation rule
+# multiple choice, knowledge: an option's log-likelihood per character of its text (lm-eval's
+# acc_norm), or summed (acc; for options such as "yes" and "no", where dividing by the length would
+# favour the longer word whenever both are unlikely)
+ClozeNormalization = Literal["characters", "none"]
 
 
 @dataclass
@@ -155,9 +159,9 @@ class AnswerFormat(ABC):
     fields: ClassVar[tuple[str, ...]]  # values a row must provide (task spec `fields`)
     has_options: ClassVar[bool] = False  # multiple choice: cloze knowledge over the options
 
-    def __init__(self, max_answer_words: int = 10, normalization: Normalization = "squad"):
+    def __init__(self, max_answer_words: int = 10, normalization: Normalization = "squad", cloze_normalization: ClozeNormalization = "characters"):
         # the task spec's answer settings; each format uses those that concern it
-        self.max_words, self.normalization = max_answer_words, normalization
+        self.max_words, self.normalization, self.cloze_normalization = max_answer_words, normalization, cloze_normalization
 
     def example(self, values: dict, *, index: int, source: str, row: dict) -> Example:
         """A validated example from the values the spec's fields computed for one row;
@@ -194,7 +198,9 @@ LETTER_CONNECTIVES = frozenset(
 )
 # a capital standing alone: not inside a word, and not part of an abbreviation ("D.C.", "U.S.")
 _LETTER = re.compile(r"(?<![A-Za-z0-9.])\(?([A-Z])(?![A-Za-z0-9'’]|\.[A-Za-z])")
-_ECHO_MARKER = re.compile(r"^[\s.):\-]*")  # between a leading letter and the text that follows it
+# between a leading letter and the text that follows it: a dash only before a space ("C - text"),
+# so an option's own sign stays ("B. -1")
+_ECHO_MARKER = re.compile(r"^(?:[\s.):]|-(?=\s))*")
 _MIN_ECHO_PREFIX = 3  # characters of an option's text that identify it when the text was cut
 
 
@@ -251,10 +257,10 @@ class MultipleChoice(AnswerFormat):
             if first and first.group(1) not in example.letters:
                 return Reading.none("no_answer", f"'{first.group(1)}' is not one of the options {''.join(example.letters)}")
             return Reading.none("no_answer", f"does not start with an option letter: {text[:30]!r}")
-        return self.read(text, example)
+        return self.read(text, example, cut=cut)
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        return self.read(_first_line(completion), example)
+        return self.read(_first_line(completion), example, cut=cut)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and answer == example.answer
@@ -264,13 +270,13 @@ class MultipleChoice(AnswerFormat):
 
     # --- the one reading both parsers share ------------------------------------------------------
 
-    def read(self, text: str, example: Example) -> Reading:
+    def read(self, text: str, example: Example, *, cut: bool = False) -> Reading:
         """The option a completion's first line names, by the rules in the module docstring."""
         rest_start = 0
         lead = self._leading_letter(text, example)
         if lead is not None:
             echo_start = lead.end + _ECHO_MARKER.match(text[lead.end :]).end()
-            echoed, echo_end = self._echo(text[echo_start:], example)
+            echoed, echo_end = self._echo(text[echo_start:], example, lead.letter, cut=cut)
             if echoed and lead.letter not in echoed:
                 return Reading.none(
                     "conflict", f"letter {lead.letter} but the text of option {'/'.join(sorted(echoed))}"
@@ -293,22 +299,28 @@ class MultipleChoice(AnswerFormat):
             return None
         return _Named(match.group(1), match.start(), match.end())
 
-    def _echo(self, text: str, example: Example) -> tuple[set[str], int]:
-        """Options whose text the words after a leading letter start with (or, when the completion
-        was cut, begin with those words), and where that echo ends. A leading article on either
-        side is ignored ("C. index fossils" echoes "the index fossils in the rock")."""
+    def _echo(self, text: str, example: Example, lead: str, *, cut: bool = False) -> tuple[set[str], int]:
+        """Options whose text the words after the leading letter `lead` start with (or, stopping
+        short, begin with those words), and where that echo ends. A leading article on either side
+        is ignored ("C. index fossils" echoes "the index fossils in the rock"). Words that begin
+        the lead's own text are its echo, stopped short, where they go on past every other text
+        they start with, or the completion was `cut` at the token limit: "C. The ribs, sternum
+        and" echoes C "The ribs, sternum and clavicle", not A "The ribs"."""
         line = text.split("\n", 1)[0].lower()
         offset = _leading_article_length(line)
         body = line[offset:]
         options = [(letter, _without_article(choice.strip().lower())) for letter, choice in zip(example.letters, example.choices or [])]
         written = [(len(needle), letter) for letter, needle in options if needle and body.startswith(needle) and _ends_word(body, len(needle))]
+        longest = max((length for length, _ in written), default=0)
+        begun = body.strip().rstrip(".")
+        own = dict(options)[lead]
+        if len(begun) >= _MIN_ECHO_PREFIX and own.startswith(begun) and (cut or len(begun) > longest):
+            return {lead}, len(line)
         if written:  # the longest text written counts ("heat and light" is not "heat")
-            longest = max(length for length, _ in written)
             return {letter for length, letter in written if length == longest}, offset + longest
-        cut = body.strip().rstrip(".")
-        if len(cut) < _MIN_ECHO_PREFIX:
+        if len(begun) < _MIN_ECHO_PREFIX:
             return set(), 0
-        matched = {letter for letter, needle in options if needle.startswith(cut)}
+        matched = {letter for letter, needle in options if needle.startswith(begun)}
         return matched, len(line) if matched else 0
 
     def _named(self, text: str, example: Example) -> list[_Named]:
@@ -557,13 +569,24 @@ def _quoted(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
+# a Markdown heading that numbers a step, with the work below it ("#### 1. Eggs left\n16 - 3 = 13"):
+# not a "#### <answer>" line, as "#### 18. I hope it is correct." at the end is
+_NUMBERED_HEADING = re.compile(r"(?:^|\n)[ \t]*####[ \t]*\d+[.)][ \t]+[^\W\d_][^\n]*\n\s*\S")
+
+
 def _marked_number(text: str) -> Reading | None:
-    """The reading of the first "####" followed by a numeral; None where there is none."""
-    marked = MARKED_NUMERAL.search(text)
+    """The reading of the first "####" followed by a numeral, numbered headings aside; None
+    where there is none."""
+    marked = next((m for m in MARKED_NUMERAL.finditer(text) if not _NUMBERED_HEADING.match(text, _line_start(text, m.start()))), None)
     if marked is None:
         return None
     written = (marked.group(1) or "") + marked.group(2)
     return _number_reading(written) if _NUMBERS.fullmatch(written) else _unreadable(written)
+
+
+def _line_start(text: str, position: int) -> int:
+    """Where the line holding `position` starts, with the newline before it."""
+    return max(text.rfind("\n", 0, position), 0)
 
 
 def _last_number(text: str) -> Reading:
@@ -748,6 +771,15 @@ def _ends_braced(text: str) -> bool:
     return bool(found) and found[-1].group(1) is not None
 
 
+def _superseded(answer: str, completion: str) -> bool:
+    """Whether the line the token limit cut begins a `\\boxed` answer that does not begin as
+    `answer` (read before that line) does: the completion was writing another answer ("\\boxed{7}
+    then \\boxed{1"), not repeating this one ("\\boxed{7} so \\boxed{7")."""
+    cut_line = completion[len(_complete_lines(completion)) :]
+    begun = list(re.finditer(r"\\(?:boxed|fbox)\s*\{?", cut_line))
+    return bool(begun) and not answer.startswith(cut_line[begun[-1].end() :].strip())
+
+
 def _complete_lines(text: str) -> str:
     """The lines a newline ended: not the one the token limit cut."""
     return text[: text.rfind("\n") + 1]
@@ -785,6 +817,9 @@ def final_answer_line(text: str) -> str | None:
     return None
 
 
+_CUT_IN_BOXED = "cut at the token limit inside its last \\boxed answer"
+
+
 class Math(AnswerFormat):
     name = "math"
     fields = ("question", "answer", "solution")
@@ -807,15 +842,19 @@ class Math(AnswerFormat):
         boxed = last_boxed(completion) if not cut or _ends_braced(completion) else None
         if cut and boxed is None:  # the limit fell in a bare or unclosed \boxed, or after the last one
             boxed = last_boxed(_complete_lines(completion))
+            if boxed is not None and _superseded(boxed, completion):
+                return Reading.none("no_answer", _CUT_IN_BOXED)
         if boxed is None:
             return Reading.none("no_answer", "no \\boxed{} answer")
         return Reading(boxed) if boxed else Reading.none("no_answer", "an empty \\boxed{}")
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
         boxed = self.strict(completion, example, cut=cut)
-        if boxed.answer is not None:
+        if boxed.answer is not None or boxed.note == _CUT_IN_BOXED:  # no final-answer line stands in for it
             return boxed
         line = final_answer_line(_complete_lines(completion) if cut else completion)
+        if line and cut and _superseded(line, completion):
+            return Reading.none("no_answer", _CUT_IN_BOXED)
         return Reading(line) if line else Reading.none("no_answer", "no boxed answer or final-answer line")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
@@ -847,8 +886,10 @@ def _timeout() -> int | None:
 FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, OptionText, Number, Math, ShortAnswer)}
 
 
-def answer_format(name: str, *, max_answer_words: int = 10, normalization: Normalization = "squad") -> AnswerFormat:
+def answer_format(
+    name: str, *, max_answer_words: int = 10, normalization: Normalization = "squad", cloze_normalization: ClozeNormalization = "characters"
+) -> AnswerFormat:
     """The format a task spec names, with the spec's settings."""
     if name not in FORMATS:
         raise SoftevalError(f"unknown answer_format '{name}'; choose one of: {', '.join(FORMATS)}")
-    return FORMATS[name](max_answer_words=max_answer_words, normalization=normalization)
+    return FORMATS[name](max_answer_words=max_answer_words, normalization=normalization, cloze_normalization=cloze_normalization)

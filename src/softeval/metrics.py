@@ -28,7 +28,7 @@ MEANINGS = {
     "task_accuracy": "share accepted by the strict parser and correct: the benchmark score",
     "conditional_accuracy": "task accuracy / format-following: how often the model is right when it keeps the format",
     "lenient_accuracy": "share correct under a lenient parser that finds the answer anywhere in the completion",
-    "knowledge": "format-free: option log-likelihood accuracy (length-normalised) for multiple choice, lenient accuracy otherwise",
+    "knowledge": "format-free: option log-likelihood accuracy (length-normalised, as the task says) for multiple choice, lenient accuracy otherwise",
 }
 # the metrics that are a mean of one per-row outcome (the sample field), so rows can be paired and
 # resampled across cells; conditional accuracy is a ratio of two of them
@@ -38,7 +38,8 @@ ROW_METRICS = {
     "lenient_accuracy": "lenient_correct",
     "knowledge": "knowledge_correct",
 }
-COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) marks a collapsed cell
+COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) marks a collapsed cell,
+COLLAPSE_MARGIN = 0.2  # if it is also this far above its share of the gold answers (BoolQ's "yes" is 62%)
 COLLAPSE_MIN_ANSWERS = 10  # fewer strict answers than this say too little to call a collapse
 CUT_SHARE = 0.05  # completions cut at the token limit this often, where the answer comes last, are flagged
 
@@ -62,6 +63,7 @@ class Judgement(BaseModel):
     task_correct: bool
     lenient_correct: bool
     knowledge_correct: bool
+    knowledge_answer: str | None = None  # multiple choice: the letter of the option the log-likelihoods pick
     # per option; None for an option that tokenises to nothing (it can never win knowledge)
     option_loglikelihoods: list[float | None] | None = None
 
@@ -87,10 +89,12 @@ class Diagnostics(BaseModel):
 
     n: int
     chance: float | None = None  # multiple choice: mean of 1 / number of options
+    majority_share: float | None = None  # multiple choice: accuracy of always giving the most frequent gold answer
     answer_distribution: dict[str, int] | None = None  # strict answers; "none" counts failures
     most_common_answer: str | None = None
     most_common_share: float | None = None  # of all strict answers
     most_common_accuracy: float | None = None  # accuracy of always giving the most common answer
+    knowledge_distribution: dict[str, int] | None = None  # the options the log-likelihoods pick; "none": no option scored
     empty_share: float
     ambiguous_share: float  # lenient reading names several candidates
     conflict_share: float  # letter and option text disagree
@@ -99,8 +103,9 @@ class Diagnostics(BaseModel):
     many_cut: bool = False  # where the answer comes last (numbers, math): cut before it, perhaps
     # no completion followed the format: accuracy is 0 by format alone, whatever the model knows
     no_strict_answers: bool = False
-    at_chance: bool = False  # task accuracy not above chance by its confidence interval
+    at_chance: bool = False  # task accuracy not above chance or the majority answer by its confidence interval
     collapsed: bool = False
+    knowledge_collapsed: bool = False  # the log-likelihoods pick one option as a collapsed cell answers one
 
     @computed_field
     @property
@@ -111,12 +116,27 @@ class Diagnostics(BaseModel):
             flags.append(f"no strict answers{empty}")
         else:
             if self.at_chance:
-                flags.append(f"at chance ({100 * (self.chance or 0):.0f}%)")
+                flags.append(f"at chance ({100 * self.chance_level:.0f}%)")
             if self.collapsed:
                 flags.append(f"collapsed: {self.most_common_answer} {100 * (self.most_common_share or 0):.0f}%")
+        if self.knowledge_collapsed and self.knowledge_distribution:
+            top, share = _most_common(self.knowledge_distribution)
+            flags.append(f"knowledge collapsed: {top} {100 * share:.0f}%")
         if self.many_cut:
             flags.append(f"{100 * self.cut_share:.0f}% cut at the token limit")
         return flags
+
+    @property
+    def chance_level(self) -> float:
+        """What a constant answer scores: chance, or always the most frequent gold answer if that scores more."""
+        return max(self.chance or 0.0, self.majority_share or 0.0)
+
+
+def _most_common(distribution: dict[str, int]) -> tuple[str, float]:
+    """The most common answer of a distribution and its share of the answers ("none" left out)."""
+    answers = {k: v for k, v in distribution.items() if k != "none"}
+    top = max(answers, key=answers.__getitem__)
+    return top, answers[top] / sum(answers.values())
 
 
 def score_sample(
@@ -142,15 +162,17 @@ def score_sample(
     if option_loglikelihoods is not None:
         # NaN as -inf, as the sample log records it: a cell judged again from its log picks the same
         scorable = [x if math.isfinite(x) else float("-inf") for x in option_loglikelihoods]
-        judgement["knowledge_correct"] = _cloze_pick(scorable, example.scored_texts) == example.answer_index
+        pick = cloze_pick(scorable, example.scored_texts, per_character=answer_format.cloze_normalization == "characters")
+        judgement["knowledge_answer"] = None if pick is None else example.letters[pick]
+        judgement["knowledge_correct"] = pick == example.answer_index
         judgement["option_loglikelihoods"] = [x if math.isfinite(x) else None for x in option_loglikelihoods]
     return Judgement(**judgement)
 
 
-def _cloze_pick(loglikelihoods: list[float], scored: list[str]) -> int | None:
-    """The option with the highest loglikelihood per character of the scored text (lm-eval's
-    acc_norm); None when no option could be scored."""
-    normalised = [ll / max(len(c), 1) for ll, c in zip(loglikelihoods, scored)]
+def cloze_pick(loglikelihoods: list[float], scored: list[str], *, per_character: bool = True) -> int | None:
+    """The option with the highest loglikelihood, per character of the scored text (lm-eval's
+    acc_norm) or in all (acc); None when no option could be scored."""
+    normalised = [ll / max(len(c), 1) for ll, c in zip(loglikelihoods, scored)] if per_character else loglikelihoods
     best = max(range(len(normalised)), key=normalised.__getitem__)
     return best if math.isfinite(normalised[best]) else None
 
@@ -205,19 +227,35 @@ def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None,
     )
     if chance is None:
         return diagnostics
+    gold = Counter(s.gold for s in samples)
     answers = Counter(s.strict_answer for s in samples if s.strict_answer is not None)
-    distribution = dict(sorted(answers.items())) | {"none": n - sum(answers.values())}
+    picks = Counter(s.knowledge_answer for s in samples if s.knowledge_answer is not None)
     diagnostics.chance = round(chance, 6)
-    diagnostics.answer_distribution = distribution
+    diagnostics.majority_share = share(max(gold.values(), default=0))
+    diagnostics.answer_distribution = dict(sorted(answers.items())) | {"none": n - sum(answers.values())}
     if answers:
         top, count = answers.most_common(1)[0]
         diagnostics.most_common_answer = top
         diagnostics.most_common_share = round(count / sum(answers.values()), 6)
-        diagnostics.most_common_accuracy = share(sum(s.gold == top for s in samples))
-        diagnostics.collapsed = diagnostics.most_common_share > COLLAPSE_SHARE and sum(answers.values()) >= COLLAPSE_MIN_ANSWERS
+        diagnostics.most_common_accuracy = share(gold[top])
+        diagnostics.collapsed = _collapsed(answers, gold)
+    if any(s.option_loglikelihoods is not None for s in samples):
+        diagnostics.knowledge_distribution = dict(sorted(picks.items())) | {"none": n - sum(picks.values())}
+        diagnostics.knowledge_collapsed = _collapsed(picks, gold)
     bound = task_accuracy.ci_low if task_accuracy.ci_low is not None else task_accuracy.value
-    diagnostics.at_chance = bound is not None and bound <= chance
+    diagnostics.at_chance = bound is not None and bound <= diagnostics.chance_level
     return diagnostics
+
+
+def _collapsed(answers: Counter, gold: Counter) -> bool:
+    """Whether one answer is given so often that the answers tell more of a habit than of the
+    questions: over COLLAPSE_SHARE of the answers (of COLLAPSE_MIN_ANSWERS or more), and
+    COLLAPSE_MARGIN over that option's share of the gold answers."""
+    given = sum(answers.values())
+    if given < COLLAPSE_MIN_ANSWERS:
+        return False
+    top, count = answers.most_common(1)[0]
+    return count / given > max(COLLAPSE_SHARE, gold[top] / sum(gold.values()) + COLLAPSE_MARGIN)
 
 
 def _statistic(format_ok, task_correct, lenient_correct, knowledge_correct, axis=-1):

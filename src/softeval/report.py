@@ -11,7 +11,7 @@ from rich.table import Table
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
-from softeval.metrics import COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, CUT_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
+from softeval.metrics import COLLAPSE_MARGIN, COLLAPSE_MIN_ANSWERS, COLLAPSE_SHARE, CUT_SHARE, MEANINGS, METRICS, ROW_METRICS, Metric
 from softeval.models import model_name
 from softeval.results import EvalResult
 from softeval.settings import METHODS
@@ -266,8 +266,11 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "",
         "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *no strict answers* (no",
         "completion followed the format, so accuracy says nothing of knowledge), *at chance* (task",
-        "accuracy not above the chance level by its interval), *collapsed* (one option is over",
-        f"{100 * COLLAPSE_SHARE:.0f}% of the strict answers, of {COLLAPSE_MIN_ANSWERS} or more), *cut at the token",
+        "accuracy not above the chance level, or the share of the most frequent gold answer if higher,",
+        f"by its interval), *collapsed* (one option is over {100 * COLLAPSE_SHARE:.0f}% of the strict answers, of",
+        f"{COLLAPSE_MIN_ANSWERS} or more, and {100 * COLLAPSE_MARGIN:.0f} points over its share of the gold answers), *knowledge",
+        "collapsed* (the option log-likelihoods pick one option that often: knowledge then measures a",
+        "preference for one option, not what the model knows), *cut at the token",
         f"limit* (numbers or math: {100 * CUT_SHARE:.0f}% or more of the completions stopped at the token limit",
         "without a strict answer), *judged by parsers* (the cells of a task were judged by different",
         "versions of the parsers: rerunning a cell's command judges it again), *task version*",

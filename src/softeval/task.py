@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from softeval._io import read_yaml_mapping
 from softeval.errors import SoftevalError, validation_problem
-from softeval.formats import FORMATS, AnswerFormat, Example, Normalization, answer_format, last_boxed
+from softeval.formats import FORMATS, AnswerFormat, ClozeNormalization, Example, Normalization, answer_format, last_boxed
 
 
 class DatasetSpec(BaseModel):
@@ -84,6 +84,9 @@ class TaskSpec(BaseModel):
     max_new_tokens: int = Field(gt=0)
     max_answer_words: int = Field(10, gt=0, description="short_answer: longest first line strict accepts")
     normalization: Normalization = Field("squad", description="short_answer: the benchmark's answer normalisation")
+    cloze_normalization: ClozeNormalization = Field(
+        "characters", description="multiple choice, knowledge: option log-likelihoods per character (acc_norm) or summed (none: acc)"
+    )
     source_file: str | None = None  # where the spec was read from
 
     @model_validator(mode="after")
@@ -122,7 +125,8 @@ class TaskSpec(BaseModel):
     @property
     def format(self) -> AnswerFormat:
         """The answer format with this spec's settings: parsers, correctness, validation."""
-        return answer_format(self.answer_format, max_answer_words=self.max_answer_words, normalization=self.normalization)
+        return answer_format(self.answer_format, max_answer_words=self.max_answer_words, normalization=self.normalization,
+                             cloze_normalization=self.cloze_normalization)
 
     @property
     def is_multiple_choice(self) -> bool:
