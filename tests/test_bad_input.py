@@ -270,7 +270,53 @@ def test_output_that_is_a_file(tmp_path, monkeypatch, capsys, no_model_loading):
     line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
     assert f"--output {tmp_path / 'out'} is a file, not a folder; give a folder path" in line
     below = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out" / "run1"))
-    assert f"--output {tmp_path / 'out' / 'run1'} is a file, not a folder ({tmp_path / 'out'} is); give a folder path" in below
+    assert f"--output {tmp_path / 'out' / 'run1'} cannot be made: {tmp_path / 'out'} is a file, not a folder; give a folder path" in below
+
+
+def test_a_file_where_a_cell_folder_goes_is_found_before_work(tmp_path, monkeypatch, capsys, no_model_loading):
+    task = write_user_task(tmp_path, ROWS * 5)  # rows enough to tune on
+    unit = tmp_path / "out" / ALIAS / "capitals"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("notes")  # where the cells of this model and task go
+    line = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert line == f"error: {unit} is a file where softeval keeps results; move it away or choose another --output"
+    unit.unlink()
+    (unit / "zero-shot").parent.mkdir()
+    (unit / "prompt").write_text("notes")  # where a tuned prompt goes
+    line = user_sees(monkeypatch, capsys, "run", "--model", ALIAS, "--task", task, "--method", "soft-prompt", "--output", tmp_path / "out")
+    assert line == f"error: {unit / 'prompt'} is a file where softeval keeps results; move it away or choose another --output"
+
+
+def test_a_data_folder_that_is_a_file(tmp_path, monkeypatch, capsys, no_model_loading):
+    (tmp_path / "mirror").write_text("notes")
+    line = user_sees(monkeypatch, capsys, *eval_args("arc_easy", tmp_path / "out", "--data-dir", tmp_path / "mirror"))
+    assert line == f"error: the data folder {tmp_path / 'mirror'} (--data-dir or $SOFTEVAL_DATA_DIR) is a file; give the benchmark mirror's root folder"
+
+
+@pytest.mark.parametrize(
+    "data, line, problem",
+    [
+        ('q,a,b,gold\n"Capital of Italy?,Rome,Paris,0\nCapital of Spain?,Madrid,Lisbon,0\n', 2, "unexpected end of data (a quote left open?); fix the quoting of the row"),
+        ("q,a,b,gold\nCapital of Italy?,Rome,Paris,0\nCapital of Spain, today?,Madrid,Lisbon,0\n", 3,
+         "5 fields where the header has 4; quote a field that holds a comma, or fix the row"),
+    ],
+)
+def test_a_malformed_csv_row_names_its_line(tmp_path, monkeypatch, capsys, no_model_loading, data, line, problem):
+    task = write_user_task(tmp_path, ROWS, fmt="csv")
+    (tmp_path / "test.csv").write_text(data)
+    said = user_sees(monkeypatch, capsys, *eval_args(task, tmp_path / "out"))
+    assert said == f"error: {tmp_path / 'test.csv'}:{line}: {problem}"
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_rows_of_a_csv_are_named_by_the_line_they_start_on(tmp_path):
+    from softeval.data import load_rows
+    from softeval.task import load_task
+
+    task = write_user_task(tmp_path, ROWS, fmt="csv")
+    (tmp_path / "test.csv").write_text('q,a,b,gold\n"Capital\nof Italy?",Rome,Paris,0\n\nCapital of Spain?,Madrid,Lisbon,0\n')
+    rows = load_rows(load_task(task), "test")
+    assert [(row["q"], where.rsplit("/", 1)[1]) for row, where in rows] == [("Capital\nof Italy?", "test.csv:2"), ("Capital of Spain?", "test.csv:5")]
 
 
 @pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs a Linux /sys, where no one may create files")
@@ -422,3 +468,33 @@ def test_checkpoint_of_another_task_is_not_resumed(tmp_path, monkeypatch, capsys
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
     assert last.startswith("error: checkpoint ")
     assert last.endswith("was written for another model or task (or an edited task spec); delete it to tune from step 0, or choose another --output")
+
+
+def test_tuning_again_into_a_folder_with_a_checkpoint_says_how_to_resume(tmp_path, monkeypatch, capsys, caplog, tiny_model_dirs):
+    task = write_user_task(tmp_path, ROWS * 10)
+    args = ["tune", "--model", tiny_model_dirs["llama"], "--task", task, "--steps", 1, "--eval-every", 1,
+            "--val-size", 2, "--length", 2, "--output", tmp_path / "tuned"]
+    monkeypatch.setattr("sys.argv", ["softeval", *map(str, args)])
+    for _ in range(2):
+        with pytest.raises(SystemExit) as finished:
+            cli.main()
+        assert finished.value.code == 0
+    said = [r.getMessage() for r in caplog.records if "earlier run's checkpoint" in r.getMessage()]
+    assert said == [f"tuning from step 0 into {tmp_path / 'tuned'}, which holds an earlier run's checkpoint (replaced as this run goes); "
+                    "to continue that run instead, stop and add --resume"]  # the second run only
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("eval", "error: interrupted; finished cells and tuning checkpoints are kept: rerun the same command to do the rest"),
+        ("tune", "error: interrupted; the last checkpoint is kept: rerun the same command with --resume to continue from it"),
+    ],
+)
+def test_an_interrupted_command_says_how_to_go_on(tmp_path, monkeypatch, capsys, no_model_loading, command, expected):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the command works
+
+    monkeypatch.setattr("softeval.preflight.check_task", interrupted)
+    task = write_user_task(tmp_path, ROWS * 10)
+    assert user_sees(monkeypatch, capsys, command, "--model", ALIAS, "--task", task, "--output", tmp_path / "out", code=130) == expected

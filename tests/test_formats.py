@@ -186,6 +186,10 @@ def test_numeric_alias_needs_to_be_the_only_number():
     assert fmt.is_correct(fmt.lenient(" It was 1 apple", one).answer, one)
     # the number format's own rule takes the last number
     assert Number().lenient(" 2^0 = 1", one).answer == "1"
+    # an alias written with several numerals is found where those are the line's numbers
+    war = qa_example("1914-1918")
+    assert fmt.is_correct(fmt.lenient(" The war lasted 1914-1918.", war).answer, war)
+    assert not fmt.is_correct(fmt.lenient(" From 1914-1918 and then 1939", war).answer, war)
 
 
 def test_triviaqa_normalisation_is_the_official_rule():

@@ -362,6 +362,19 @@ def test_report_rewrites_the_page_from_the_results_on_disk(tmp_path, tiny_model_
     assert "no results folder at" in str(run("report", tmp_path / "missing").exception)
 
 
+def test_a_cell_that_cannot_be_read_is_left_out_with_one_warning(tmp_path, tiny_model_dirs, caplog):
+    task = write_user_task(tmp_path, ROWS * 5)
+    out = tmp_path / "out"
+    assert run("eval", "--model", tiny_model_dirs["llama"], "--task", task, "--method", "zero-shot,few-shot", "--k", 1, "--limit", 4, "--output", out).exit_code == 0
+    cut = next(out.glob("*/capitals/few-shot/results.json"))
+    cut.write_text(cut.read_text()[:50])  # cut short, as by a copy that failed
+    assert run("report", out).exit_code == 0
+    told = [r.getMessage() for r in caplog.records if "left out of the comparison" in r.getMessage()]
+    assert len(told) == 1 and told[0].startswith(f"left out of the comparison: {cut.parent} cannot be read (")
+    assert told[0].endswith("); rerun the command that made it to evaluate it again")
+    assert [c["method"] for c in json.loads((out / "comparison.json").read_text())["cells"]] == ["zero-shot"]
+
+
 def test_a_limit_is_recorded_as_the_rows_it_keeps_and_a_replaced_cell_says_why(tmp_path, tiny_model_dirs, caplog):
     task = write_user_task(tmp_path, ROWS * 3)  # 6 rows
     out = tmp_path / "out"

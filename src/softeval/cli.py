@@ -72,7 +72,7 @@ def main() -> None:
         context = getattr(exc, "ctx", None)
         _fail(f"{message} (see '{context.command_path if context else 'softeval'} --help')", exc.exit_code)
     except typer.Abort:
-        _fail("interrupted", 130)
+        _fail(_interrupted(), 130)
     except Exception as exc:
         if settings.debug or os.environ.get(DEBUG_ENV):
             raise
@@ -80,8 +80,18 @@ def main() -> None:
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         _fail(f"unexpected {type(exc).__name__}: {reason}; the traceback is in {where} (softeval --debug COMMAND ... prints it)", 1)
     if code == 130:
-        _fail("interrupted", 130)
+        _fail(_interrupted(), 130)
     raise SystemExit(code or 0)
+
+
+def _interrupted() -> str:
+    """What an interrupted command kept, and how to go on from it."""
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    if command in ("run", "eval", "study"):
+        return "interrupted; finished cells and tuning checkpoints are kept: rerun the same command to do the rest"
+    if command == "tune":
+        return "interrupted; the last checkpoint is kept: rerun the same command with --resume to continue from it"
+    return "interrupted"
 
 
 def with_ray_default(args: list[str]) -> list[str]:
@@ -342,6 +352,9 @@ def tune_command(
 
     if resume:  # a checkpoint that cannot be resumed is reported before the model loads
         check_resumable(output / "checkpoint.safetensors", config)
+    elif not sweep_grid and (output / "checkpoint.safetensors").is_file():
+        log.warning("tuning from step 0 into %s, which holds an earlier run's checkpoint (replaced as this run goes); "
+                    "to continue that run instead, stop and add --resume", output)
     lm = load_model(model, cache_dir=cache_dir)
     if sweep_grid:
         tuned = sweep(lm, spec, config, output=output, data_dir=data_dir, sweep_steps=sweep_steps)

@@ -8,6 +8,8 @@ reported by file and line.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import random
@@ -118,14 +120,39 @@ def _read_file(path: Path) -> list[tuple[dict, str]]:
     if suffix in (".csv", ".parquet"):
         import datasets
 
-        if suffix == ".csv":
-            read_utf8(path)  # a clear error naming the line, before pyarrow's own
+        # a CSV's mistakes are told by line here, before pandas' own errors (which name no line)
+        lines = _csv_record_lines(path, read_utf8(path)) if suffix == ".csv" else None
         try:
             table = datasets.Dataset.from_csv(str(path)) if suffix == ".csv" else datasets.Dataset.from_parquet(str(path))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             raise SoftevalError(f"cannot read {path}: {str(exc).splitlines()[0][:200]}") from exc
-        return [(row, f"{path}:{i + 2 if suffix == '.csv' else i}") for i, row in enumerate(table)]
+        if lines is None or len(lines) != len(table):  # a parquet row is named by its position
+            lines = [i + 2 if suffix == ".csv" else i for i in range(len(table))]
+        return [(row, f"{path}:{line}") for line, row in zip(lines, table)]
     raise SoftevalError(f"unsupported data file {path}; use .jsonl, .csv or .parquet")
+
+
+def _csv_record_lines(path: Path, text: str) -> list[int]:
+    """The line each record of a CSV file starts on (a quoted field may hold newlines); a record
+    with more or fewer fields than the header, or a quote left open, is an error naming its line."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    starts, start = [], 1
+    try:
+        header = next(reader, None)
+        while header is not None:
+            start = reader.line_num + 1
+            record = next(reader, None)
+            if record is None:
+                break
+            if not record:  # a blank line
+                continue
+            if len(record) != len(header):
+                raise SoftevalError(f"{path}:{start}: {len(record)} fields where the header has {len(header)}; "
+                                    "quote a field that holds a comma, or fix the row")
+            starts.append(start)
+    except csv.Error as exc:
+        raise SoftevalError(f"{path}:{start}: {exc} (a quote left open?); fix the quoting of the row") from exc
+    return starts
 
 
 def _read_jsonl(path: Path) -> list[tuple[dict, str]]:

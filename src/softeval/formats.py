@@ -66,7 +66,7 @@ means mathematically equivalent to the gold answer by math-verify (`0.5` = `\\fr
 
 Short answer (`short_answer`, TriviaQA, NQ-open): the answer is the first non-empty line.
 Strict: at most `max_answer_words` words and not a list of candidates. Lenient: a gold alias
-inside that line (a numeric alias only when it is the line's only number); a list of several
+inside that line (a numeric alias only where the line's numbers are its own); a list of several
 short candidates (three or more comma-separated items, or items joined by "or", ";" or " / ",
 each of at most four words) is `ambiguous` unless the whole line is an alias. Correct means
 equal to an alias after the benchmark's own normalisation: `squad` (lower case, punctuation and articles removed; SQuAD and
@@ -737,16 +737,20 @@ class ShortAnswer(AnswerFormat):
 
     def _alias_inside(self, line: str, example: Example) -> str | None:
         padded = f" {normalize(line, self.normalization)} "
-        numbers = re.findall(r"\d+(?:[.,]\d+)*", line)
+        numbers = sorted(_NUMBER_WORDS.findall(line))
         for alias in example.aliases:
             needle = normalize(alias, self.normalization)
             if not needle or f" {needle} " not in padded:
                 continue
-            # a number inside a sentence ("2^0 = 1") is no evidence of the answer "1"
-            if needle.replace(" ", "").isdigit() and len(numbers) != 1:
+            # a numeric alias counts where the line's numbers are its own: "2^0 = 1" is no evidence
+            # of the answer "1", "The war lasted 1914-1918" is of "1914-1918"
+            if needle.replace(" ", "").isdigit() and numbers != sorted(_NUMBER_WORDS.findall(alias)):
                 continue
             return alias
         return None
+
+
+_NUMBER_WORDS = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def _first_line(completion: str) -> str:

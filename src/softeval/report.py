@@ -108,6 +108,11 @@ def diagnostics_table(results: list) -> list[str]:
     return lines
 
 
+# unreadable results files already told of (path and time written): the comparison, the ranking
+# and the page each read every cell, and one warning is enough
+_unreadable_told: set[tuple[Path, int]] = set()
+
+
 def finished_cells(folder: Path) -> list[EvalResult]:
     """Every finished cell under `folder` (OUTPUT/<model>/<task>/<cell>/results.json), ordered
     by task, model, method and chat mode; a cell that cannot be read is left out with a warning."""
@@ -116,7 +121,12 @@ def finished_cells(folder: Path) -> list[EvalResult]:
         try:
             results.append(EvalResult.load(path.parent))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("left out of the comparison: %s (%s)", path.parent, str(exc)[:120])
+            seen = (path.resolve(), path.stat().st_mtime_ns)
+            if seen not in _unreadable_told:
+                _unreadable_told.add(seen)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
+                log.warning("left out of the comparison: %s cannot be read (%s); rerun the command that made it to evaluate it again",
+                            path.parent, reason)
     rank = {m: i for i, m in enumerate(METHODS)}
     return sorted(results, key=lambda r: (r.config["task"], r.config["model"], rank.get(r.config["method"], 99), bool(r.config.get("chat"))))
 

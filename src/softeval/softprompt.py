@@ -139,5 +139,5 @@ def load_soft_prompt(path: str | Path) -> SoftPrompt:
             vectors = f.get_tensor("soft_prompt")
             metadata = json.loads((f.metadata() or {}).get("softeval", "{}"))
     except Exception as exc:  # noqa: BLE001 - a corrupt file can fail in several ways
-        raise SoftevalError(f"cannot read soft prompt {path}: {str(exc)[:200]}") from exc
+        raise SoftevalError(f"cannot read soft prompt {path}: {str(exc)[:200]}; give a soft_prompt.safetensors that `softeval tune` wrote") from exc
     return SoftPrompt(vectors, metadata, path)

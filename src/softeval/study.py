@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_name
-from softeval.preflight import check_before_work
+from softeval.preflight import check_before_work, check_cell_folders
 from softeval.results import MODELS_FILE
 from softeval.settings import ModelEntry, Study
 from softeval.task import TaskSpec, load_task
@@ -101,6 +101,7 @@ def run_study(
     # every check that needs no model comes first: a mistake costs seconds, not a study
     check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
                       limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
+    check_cell_folders(output, [m.model for m in study.models], specs)
     from softeval.cells import run_unit
     from softeval.page import write_page
     from softeval.rank import update_ranking
