@@ -4,7 +4,7 @@ The model names must name something loadable; every split a command will read is
 validated row by row, and the spec's templates are rendered on every row; the number of
 demonstrations must fit the few-shot split; tuning needs rows to hold out for validation; a
 given soft prompt must be a file; the output folder must be a folder (or creatable) that can be
-written and has room, with no file where a cell's folder will be made.
+written and has room (`study.check_cell_folders` checks the folders a study makes in it).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from softeval._io import fix_for
 from softeval.data import DATA_ENV, load_examples, resolve_data_dir
 from softeval.errors import SoftevalError
-from softeval.models import model_kind, model_name
-from softeval.settings import METHODS, check_tuning_rows
+from softeval.models import model_kind
+from softeval.settings import check_tuning_rows
 from softeval.task import TaskSpec
 
 log = logging.getLogger("softeval")
@@ -149,17 +149,3 @@ def check_output(folder: str | Path, option: str = "--output") -> None:
     if free < MIN_FREE_BYTES:
         raise SoftevalError(f"only {free >> 20} MiB free for {folder}; free disk space or choose another {option}")
 
-
-# the folders a study makes under OUTPUT/<model>/<task>/: its cells, and the prompts and adapters they tune
-_UNIT_FOLDERS = [name + chat for name in (*METHODS, "prompt", "adapter") for chat in ("", "-chat")]
-
-
-def check_cell_folders(output: str | Path, models: list[str], specs: list[TaskSpec]) -> None:
-    """No file stands where a study will make a folder (OUTPUT/<model>/<task>/<cell>): found
-    now, not once the cell's work is done and its results cannot be written."""
-    for model in models:
-        for spec in specs:
-            unit = Path(output) / model_name(model) / spec.name
-            for folder in (unit.parent, unit, *(unit / name for name in _UNIT_FOLDERS)):
-                if folder.exists() and not folder.is_dir():
-                    raise SoftevalError(f"{folder} is a file where softeval keeps results; move it away or choose another --output")

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Literal
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_name
-from softeval.preflight import check_before_work, check_cell_folders
+from softeval.preflight import check_before_work
 from softeval.results import MODELS_FILE
-from softeval.settings import ModelEntry, Study
+from softeval.settings import TUNED, ModelEntry, Study
 from softeval.task import TaskSpec, load_task
 
 if TYPE_CHECKING:
@@ -52,6 +52,23 @@ def tuned_folder(output: Path, model: str, task: str, method: str, chat: bool) -
     """The folder of the soft prompt or LoRA adapter a tuned cell evaluates."""
     kind = {"soft-prompt": "prompt", "lora": "adapter"}[method]
     return Path(output) / model / task / (kind + ("-chat" if chat else ""))
+
+
+def check_cell_folders(output: Path, study: Study, specs: list[TaskSpec]) -> None:
+    """No file stands where the study will make a folder (a cell's, or the prompt or adapter it
+    tunes): found before any work, not once a cell's results cannot be written."""
+    for entry in study.models:
+        for spec in specs:
+            unit = Path(output) / model_name(entry.model) / spec.name
+            folders = [unit.parent, unit]
+            for method in study.methods:
+                for chat in (False, True):
+                    folders.append(cell_folder(output, model_name(entry.model), spec.name, method, chat))
+                    if method in TUNED:
+                        folders.append(tuned_folder(output, model_name(entry.model), spec.name, method, chat))
+            blocking = next((f for f in folders if f.exists() and not f.is_dir()), None)
+            if blocking is not None:
+                raise SoftevalError(f"{blocking} is a file where softeval keeps results; move it away or choose another --output")
 
 
 def finished_identity(folder: Path) -> dict | None:
@@ -101,7 +118,7 @@ def run_study(
     # every check that needs no model comes first: a mistake costs seconds, not a study
     check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
                       limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
-    check_cell_folders(output, [m.model for m in study.models], specs)
+    check_cell_folders(output, study, specs)
     from softeval.cells import run_unit
     from softeval.page import write_page
     from softeval.rank import update_ranking
