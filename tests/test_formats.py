@@ -192,6 +192,23 @@ def test_numeric_alias_needs_to_be_the_only_number():
     assert not fmt.is_correct(fmt.lenient(" From 1914-1918 and then 1939", war).answer, war)
 
 
+def test_an_alias_the_normalisation_empties_is_compared_as_written(mirror):
+    # NQ-open's gold for the most common blood type in Sweden: SQuAD's rule drops "A" as an
+    # article and "+" as punctuation, which would leave nothing to compare
+    spec = load_task("nq_open")
+    sweden = next(e for e in load_examples(spec, "validation", mirror) if "blood type in sweden" in e.question.lower())
+    assert normalize("A+", "squad") == "" and "A+" in sweden.aliases
+    fmt = ShortAnswer(normalization="squad")
+    for completion in (" A+", " a+.", " AB+"):
+        assert fmt.is_correct(fmt.strict(completion, sweden).answer, sweden), completion
+    # an answer of articles and punctuation only is not that alias
+    for completion in (" The", " A", " +", " B+"):
+        assert not fmt.is_correct(fmt.strict(completion, sweden).answer, sweden), completion
+    star = qa_example("the symbol ×", "*")
+    assert fmt.is_correct(fmt.lenient(" *", star).answer, star)
+    assert not fmt.is_correct(fmt.lenient(" A", star).answer, star)
+
+
 def test_triviaqa_normalisation_is_the_official_rule():
     fmt = ShortAnswer(normalization="triviaqa")
     assert normalize("Nigeria-Biafra war", "triviaqa") == normalize("Nigeria Biafra war", "triviaqa") == "nigeria biafra war"

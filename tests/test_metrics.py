@@ -94,6 +94,29 @@ def test_an_option_with_no_tokens_never_wins_knowledge():
     assert nothing.knowledge_correct is False
 
 
+def test_an_option_listed_twice_is_known_by_either_of_its_letters(mirror):
+    from softeval import load_examples, load_task
+
+    spec = load_task("commonsense_qa")
+    row = next(e for e in load_examples(spec, "validation", mirror) if e.choices[0] == "indestructible" and e.answer == "D")
+    assert row.choices[3] == "indestructible"  # options A and D are the same text, the gold is D
+    # the two texts score alike, and the first listed wins the tie: the model cannot prefer D
+    tied = [-2.0, -9.0, -9.0, -2.0, -9.0]
+    record = score_sample(spec.format, row, " D", tied)
+    assert (record.knowledge_answer, record.knowledge_correct, record.task_correct) == ("A", True, True)
+    assert score_sample(spec.format, row, " D", [-9.0, -2.0, -9.0, -9.0, -9.0]).knowledge_correct is False
+    # the text alone names two options
+    reading = spec.format.lenient(" indestructible", row)
+    assert (reading.answer, reading.status) == (None, "ambiguous") and "A, D" in reading.note
+
+
+def test_options_that_share_a_continuation_are_told_apart_by_their_contexts():
+    example = Example(index=0, source="t", row={}, question="q", answer="B", choices=["Ann", "Bob"], answer_index=1,
+                      cloze_contexts=["Ann said that she", "Bob said that she"], cloze_continuation=" left")
+    assert score_sample(MultipleChoice(), example, " B", [-1.0, -3.0]).knowledge_correct is False
+    assert score_sample(MultipleChoice(), example, " B", [-3.0, -1.0]).knowledge_correct is True
+
+
 def test_open_ended_knowledge_is_lenient_accuracy():
     example = qa_example("Paris")
     record = score_sample(ShortAnswer(), example, " I believe that it is Paris, the capital city of France, of course", None)

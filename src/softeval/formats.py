@@ -124,6 +124,15 @@ class Example:
             return [self.cloze_continuation or ""] * len(self.cloze_contexts)
         return list(self.choices or [])
 
+    def scored_alike(self, i: int, j: int) -> bool:
+        """Whether options i and j are scored as the same text in the same context (a row
+        listing one option twice, as some CommonsenseQA rows do): their log-likelihoods tie, so
+        picking either is picking the other."""
+        if self.cloze_contexts is not None:
+            return self.cloze_contexts[i] == self.cloze_contexts[j]
+        choices = self.choices or []
+        return choices[i] == choices[j]
+
     def template_values(self) -> dict:
         """What prompt and target templates can refer to: the row's own fields plus ours."""
         values = dict(self.row)
@@ -333,7 +342,8 @@ class MultipleChoice(AnswerFormat):
                 found = re.finditer(rf"(?<![a-z0-9]){needle}(?![a-z0-9])", lowered)
                 spans += [_Named(letter, m.start(), m.end(), by_letter=False) for m in found]
         # a text inside a longer named text ("heat" in "heat and light") belongs to the longer one
-        spans = [s for s in spans if not any(o != s and o.start <= s.start and s.end <= o.end for o in spans)]
+        # (an option listed twice names both: the reading is ambiguous)
+        spans = [s for s in spans if not any(o.end - o.start > s.end - s.start and o.start <= s.start and s.end <= o.end for o in spans)]
         for match in _LETTER.finditer(text):
             inside = any(s.start <= match.start(1) < s.end for s in spans)
             if match.group(1) in example.letters and not inside and not _is_word(text, match):
@@ -733,7 +743,13 @@ class ShortAnswer(AnswerFormat):
 
     def _alias_equal(self, text: str, example: Example) -> str | None:
         got = normalize(text, self.normalization)
-        return next((a for a in example.aliases if got and normalize(a, self.normalization) == got), None)
+        for alias in example.aliases:
+            wanted = normalize(alias, self.normalization)
+            # an alias the normalisation empties ("A+", "*", ")") is compared as written: read
+            # normalised, it would equal any answer made only of articles and punctuation
+            if (got == wanted) if wanted else _as_typed(text) == _as_typed(alias):
+                return alias
+        return None
 
     def _alias_inside(self, line: str, example: Example) -> str | None:
         padded = f" {normalize(line, self.normalization)} "
@@ -751,6 +767,12 @@ class ShortAnswer(AnswerFormat):
 
 
 _NUMBER_WORDS = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def _as_typed(text: str) -> str:
+    """An answer as written, but for case, runs of space and a closing full stop."""
+    typed = " ".join(text.split()).casefold()
+    return typed[:-1] if len(typed) > 1 and typed.endswith(".") else typed
 
 
 def _first_line(completion: str) -> str:

@@ -164,7 +164,8 @@ def score_sample(
         scorable = [x if math.isfinite(x) else float("-inf") for x in option_loglikelihoods]
         pick = cloze_pick(scorable, example.scored_texts, per_character=answer_format.cloze_normalization == "characters")
         judgement["knowledge_answer"] = None if pick is None else example.letters[pick]
-        judgement["knowledge_correct"] = pick == example.answer_index
+        # an option listed twice ties with its twin, and the first listed wins the tie
+        judgement["knowledge_correct"] = pick is not None and example.scored_alike(pick, example.answer_index)
         judgement["option_loglikelihoods"] = [x if math.isfinite(x) else None for x in option_loglikelihoods]
     return Judgement(**judgement)
 
