@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
 
 import softeval.engine as engine_module
-from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder
+from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder, _kv_bytes_per_token, kv_cache_budget
 from softeval.errors import SoftevalError
 from softeval.models import load_model
 from softeval.prompts import Cloze
@@ -475,6 +476,39 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     drained = [(live, slots) for finished, live, slots, _ in steps if finished + live == len(prompts)]
     assert drained and all(slots - live <= live for live, slots in drained)
     assert idle_positions_moved and not any(idle_positions_moved)
+
+
+def test_the_kv_budget_follows_the_memory_free_on_the_machine(tiny_llama, monkeypatch):
+    prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
+    alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
+    per_row = (max(map(len, prompts)) + 8 + 8) * _kv_bytes_per_token(tiny_llama.model.config, torch.float32)
+    monkeypatch.setattr(engine_module, "KV_CACHE_BYTES_MIN", 1)
+    monkeypatch.setattr(engine_module, "kept_free_bytes", lambda: 0)
+    widest = {}
+    for rows in (3, 12):  # the pool the free memory allows: a quarter of it holds `rows` rows
+        free = SimpleNamespace(available=4 * rows * per_row)
+        monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: free)
+        engine = Engine(tiny_llama)
+        assert engine.kv_cache_bytes == rows * per_row
+        steps = _record_pools(monkeypatch)
+        completions = engine.generate(prompts, stop=["."], max_new_tokens=8)
+        assert [c.tokens for c in completions] == [c.tokens for c in alone]
+        widest[rows] = max(slots for _, _, slots, _ in steps)
+    assert widest[3] == 3 and widest[12] == 12
+    # bounds: a machine short of memory still decodes rows, a large one does not hand them all
+    monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
+    assert kv_cache_budget(torch.device("cpu")) == engine_module.KV_CACHE_BYTES_MIN
+    monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 50))
+    assert kv_cache_budget(torch.device("cpu")) == engine_module.KV_CACHE_BYTES_MAX
+
+
+def test_a_gpu_budget_counts_the_blocks_pytorch_keeps_cached_as_free(monkeypatch):
+    # 8 GiB free on the device, of which PyTorch holds 6 GiB reserved with 2 GiB in use
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 * gib)
+    assert kv_cache_budget(torch.device("cuda", 0)) == 3 * gib  # a quarter of 8 + 4
 
 
 def test_a_pool_keeps_its_slots_while_prompts_are_queued(tiny_llama, monkeypatch):

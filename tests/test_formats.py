@@ -199,11 +199,14 @@ def test_an_alias_the_normalisation_empties_is_compared_as_written(mirror):
     sweden = next(e for e in load_examples(spec, "validation", mirror) if "blood type in sweden" in e.question.lower())
     assert normalize("A+", "squad") == "" and "A+" in sweden.aliases
     fmt = ShortAnswer(normalization="squad")
-    for completion in (" A+", " a+.", " AB+"):
+    for completion in (" A+", " a+.", " AB+", " **A+**", " (A+)"):
         assert fmt.is_correct(fmt.strict(completion, sweden).answer, sweden), completion
     # an answer of articles and punctuation only is not that alias
-    for completion in (" The", " A", " +", " B+"):
+    for completion in (" The", " A", " +", " B+", " A++"):
         assert not fmt.is_correct(fmt.strict(completion, sweden).answer, sweden), completion
+    # lenient finds it inside the line as written, not as part of a longer sign
+    assert fmt.is_correct(fmt.lenient(" The answer is A+.", sweden).answer, sweden)
+    assert not fmt.is_correct(fmt.lenient(" The answer is O, then A++ grades", sweden).answer, sweden)
     star = qa_example("the symbol ×", "*")
     assert fmt.is_correct(fmt.lenient(" *", star).answer, star)
     assert not fmt.is_correct(fmt.lenient(" A", star).answer, star)

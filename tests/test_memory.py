@@ -67,3 +67,23 @@ def test_malloc_the_user_tuned_is_left_alone(monkeypatch, variable, value, appli
         pytest.skip("glibc's malloc, as its defaults leave it")
     monkeypatch.setenv(variable, value)
     assert memory._glibc_without_user_tuning() is applies
+
+
+KEPT = """
+import torch
+from softeval import memory
+memory.keep_freed_memory()
+before = memory.kept_free_bytes()
+block = torch.empty(64 << 20)  # 256 MiB
+block.fill_(1.0)
+del block
+print(memory.kept_free_bytes() - before)
+"""
+
+
+@pytest.mark.skipif(not memory._glibc_without_user_tuning(), reason="glibc's malloc, as its defaults leave it")
+def test_freed_memory_the_process_keeps_is_counted():
+    """The KV budget counts it as free: the system does not, though the process reuses it."""
+    out = subprocess.run([sys.executable, "-c", KEPT], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) >= 250 << 20

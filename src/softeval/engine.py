@@ -14,12 +14,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import psutil
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from softeval.attention import PrefixKeys, stacked_gqa
 from softeval.errors import SoftevalError
+from softeval.memory import kept_free_bytes
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
 
@@ -40,8 +42,16 @@ DECODE_ROWS = 128
 # slots are dropped): each joining batch is one more forward pass (a read of the weights), each
 # idle slot a wasted row at every decode step.
 JOIN_SHARE = 1 / 16
-# Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token).
-KV_CACHE_BYTES = 2 << 30
+# Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token,
+# as if every row ran to the token limit): this share of the memory free when the engine starts
+# (the device's, or the machine's for the CPU), within the bounds below. More rows per decode step
+# share each read of the weights; the rest of the memory is left to activations, logits and
+# other processes. A fixed 2 GiB would hold about 20 rows of 800 tokens for an 8B model's bf16
+# cache (128 KiB a token), whatever the GPU. (On a 2-core CPU, smollm2-135m-instruct's GSM8K rows
+# took the same time in pools of 89 rows, 2 GiB, as of 128.)
+KV_MEMORY_SHARE = 1 / 4
+KV_CACHE_BYTES_MIN = 256 << 20
+KV_CACHE_BYTES_MAX = 64 << 30
 # Slots a repacked pool's cache reserves for the tokens to come; a pool whose room is full is
 # repacked again with new room. Most rows stop long before the token limit, and reserving the
 # whole limit for every row would write (and page in) memory that is never used.
@@ -87,7 +97,7 @@ class Engine:
         logits_chunk: int = 256,
         soft_prompt: torch.Tensor | None = None,  # (L, hidden), placed after BOS in every sequence
         token_budget: int = TOKEN_BUDGET,  # rows x padded width (soft prompt included) of a batch
-        kv_cache_bytes: int = KV_CACHE_BYTES,  # the KV cache of the rows decoding together
+        kv_cache_bytes: int | None = None,  # the KV cache of the rows decoding together; None: from free memory
     ):
         self.lm = lm
         self.soft_prompt = soft_prompt
@@ -102,9 +112,10 @@ class Engine:
         self.token_budget = token_budget
         self.batch_size = batch_size or token_budget  # every row takes at least one position
         self.decode_rows = batch_size or DECODE_ROWS
-        self.kv_positions = max(1, kv_cache_bytes // _kv_bytes_per_token(self.text_config, lm.model.dtype))
         self.logits_chunk = logits_chunk
         self.device = next(lm.model.parameters()).device
+        self.kv_cache_bytes = kv_cache_bytes or kv_cache_budget(self.device)
+        self.kv_positions = max(1, self.kv_cache_bytes // _kv_bytes_per_token(self.text_config, lm.model.dtype))
         # In a decoding cache, sliding-window attention counts slots, not positions (a row's own
         # slots, without holes, are as far apart as their positions); a shared prefix is attended
         # to by positions. (Option scoring builds its own window mask from positions.)
@@ -1014,6 +1025,22 @@ def _rope_depends_on_length(config) -> bool:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kinds = [params] if "rope_type" in params else [p for p in params.values() if isinstance(p, dict)]
     return any(kind.get("rope_type") in ("dynamic", "longrope") for kind in kinds)
+
+
+def kv_cache_budget(device: torch.device) -> int:
+    """Bytes a decoding pool's KV cache may take on `device`: KV_MEMORY_SHARE of its free memory.
+
+    Free memory counts what this process freed and keeps for reuse (PyTorch's cached device
+    blocks, glibc's kept heap), so an engine built after an earlier one gets the same budget, not
+    one shrunk by the memory the last one used. For the CPU, and devices that share its memory,
+    it is what the system has available without swapping."""
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.xpu
+    if device.type != "cpu" and hasattr(backend, "mem_get_info"):
+        free, _ = backend.mem_get_info(device)
+        free += backend.memory_reserved(device) - backend.memory_allocated(device)
+    else:
+        free = psutil.virtual_memory().available + kept_free_bytes()
+    return int(min(KV_CACHE_BYTES_MAX, max(KV_CACHE_BYTES_MIN, KV_MEMORY_SHARE * free)))
 
 
 def _kv_shape(config) -> tuple[int, int]:

@@ -747,7 +747,7 @@ class ShortAnswer(AnswerFormat):
             wanted = normalize(alias, self.normalization)
             # an alias the normalisation empties ("A+", "*", ")") is compared as written: read
             # normalised, it would equal any answer made only of articles and punctuation
-            if (got == wanted) if wanted else _as_typed(text) == _as_typed(alias):
+            if (got == wanted) if wanted else _typed_equal(text, alias):
                 return alias
         return None
 
@@ -756,7 +756,11 @@ class ShortAnswer(AnswerFormat):
         numbers = sorted(_NUMBER_WORDS.findall(line))
         for alias in example.aliases:
             needle = normalize(alias, self.normalization)
-            if not needle or f" {needle} " not in padded:
+            if not needle:  # emptied by the normalisation: looked for as written
+                if _typed_inside(line, alias):
+                    return alias
+                continue
+            if f" {needle} " not in padded:
                 continue
             # a numeric alias counts where the line's numbers are its own: "2^0 = 1" is no evidence
             # of the answer "1", "The war lasted 1914-1918" is of "1914-1918"
@@ -769,10 +773,23 @@ class ShortAnswer(AnswerFormat):
 _NUMBER_WORDS = re.compile(r"\d+(?:[.,]\d+)*")
 
 
-def _as_typed(text: str) -> str:
-    """An answer as written, but for case, runs of space and a closing full stop."""
-    typed = " ".join(text.split()).casefold()
-    return typed[:-1] if len(typed) > 1 and typed.endswith(".") else typed
+def _typed(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _typed_equal(text: str, alias: str) -> bool:
+    """Whether an answer is an alias as written, but for case, runs of space and punctuation
+    around it that the alias does not have ("**A+**", "(A+).")."""
+    wanted = _typed(alias)
+    wrapping = "".join(ch for ch in _TRIVIAQA_PUNCTUATION if ch not in wanted) + " "
+    return _typed(text).strip(wrapping) == wanted
+
+
+def _typed_inside(line: str, alias: str) -> bool:
+    """Whether an alias, as written, is in a line, not as part of a longer word or sign ("A+" is
+    in "The answer is A+.", not in "AB+" or "A++")."""
+    wanted = re.escape(_typed(alias))
+    return re.search(rf"(?<![\w{re.escape(alias)}]){wanted}(?![\w{re.escape(alias)}])", _typed(line)) is not None
 
 
 def _first_line(completion: str) -> str:

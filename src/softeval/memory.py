@@ -50,6 +50,23 @@ def release_freed_memory() -> None:
         _libc.malloc_trim(0)
 
 
+class _Mallinfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (glibc 2.33 and later): sizes of the heap, in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def kept_free_bytes() -> int:
+    """Bytes the process freed and glibc keeps for its reuse (so the system does not count them
+    as available, though this process can use them again); 0 where the setting is not in force
+    or glibc has no mallinfo2."""
+    if _libc is None or not hasattr(_libc, "mallinfo2"):
+        return 0
+    _libc.mallinfo2.restype = _Mallinfo2
+    return int(_libc.mallinfo2().fordblks)
+
+
 def _glibc_without_user_tuning() -> bool:
     try:
         libc_version = os.confstr("CS_GNU_LIBC_VERSION") or ""
