@@ -382,6 +382,23 @@ def test_a_given_prompt_is_checked_before_the_model_loads(tmp_path, monkeypatch,
     assert_nothing_written(tmp_path / "out")
 
 
+def test_a_prompt_of_another_model_is_one_line_naming_that_model(tmp_path, monkeypatch, capsys, caplog, tiny_model_dirs):
+    import torch
+
+    from softeval.softprompt import save_soft_prompt
+    from softeval.task import load_task
+
+    task = write_user_task(tmp_path, ROWS * 3)
+    path = tmp_path / "soft_prompt.safetensors"
+    made_for = {"spec": "smollm2-135m-instruct", "model_type": "llama", "hidden_size": 576}
+    save_soft_prompt(path, torch.zeros(10, 576), {"model": made_for, "task": {"name": "capitals", "spec_sha256": load_task(task).sha256()}, "chat": False})
+    args = ["eval", "--model", tiny_model_dirs["llama"], "--task", task, "--output", tmp_path / "out", "--method", "soft-prompt", "--prompt", path]
+    line = user_sees(monkeypatch, capsys, *args)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # one cell: its failure is told once, by the error line
+    assert "soft_prompt.safetensors was tuned for model 'smollm2-135m-instruct'" in line and line.endswith("tune one for this model")
+    assert not list((tmp_path / "out").rglob("results.json"))
+
+
 def test_checkpoint_written_with_other_settings(tmp_path, monkeypatch, capsys, no_model_loading):
     import torch
     from safetensors.torch import save_file

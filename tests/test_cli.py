@@ -124,7 +124,7 @@ def test_tasks_and_models_listings(mirror):
     assert models.exit_code == 0 and "gemma-3-270m" in models.output
 
 
-def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs):
+def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs, caplog):
     task = write_user_task(tmp_path, ROWS * 10)
     model = tiny_model_dirs["llama"]
     tuned = run("tune", "--model", model, "--task", task, "--steps", 4, "--eval-every", 2, "--length", 3, "--val-size", 4, "--output", tmp_path / "tuned")
@@ -143,6 +143,7 @@ def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs):
     # a prompt tuned without the chat template is evaluated only in that mode, even with --chat
     chat = run("eval", "--model", model, "--task", task, "--method", "soft-prompt", "--chat", "--prompt", tmp_path / "tuned", "--output", out)
     assert chat.exit_code == 0 and not (out / model.name / "capitals" / "soft-prompt-chat").exists()
+    assert "soft_prompt.safetensors was tuned without the chat template: no soft-prompt cell with --chat (tune one with --chat)" in caplog.text
 
 
 def test_soft_prompt_method_without_a_prompt(tmp_path, tiny_model_dirs):

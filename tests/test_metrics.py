@@ -117,6 +117,15 @@ def test_options_that_share_a_continuation_are_told_apart_by_their_contexts():
     assert score_sample(MultipleChoice(), example, " B", [-3.0, -1.0]).knowledge_correct is True
 
 
+def test_a_completion_that_opens_with_a_stop_string_says_so():
+    # gemma-3-270m zero-shot on ARC-Easy: it starts the next question instead of answering
+    example = mc_example(["pollen", "seeds"], 0)
+    record = score_sample(MultipleChoice(), example, "", [-1.0, -2.0], raw="\nQuestion:")
+    assert record.strict_failure == "a stop string came before any answer: 'Question:'"
+    assert record.lenient_note == record.strict_failure and not record.format_ok
+    assert score_sample(MultipleChoice(), example, "", [-1.0, -2.0], raw="").strict_failure == "empty completion"
+
+
 def test_open_ended_knowledge_is_lenient_accuracy():
     example = qa_example("Paris")
     record = score_sample(ShortAnswer(), example, " I believe that it is Paris, the capital city of France, of course", None)
@@ -142,7 +151,7 @@ def test_collapse_onto_one_letter_is_flagged():
     assert d.most_common_accuracy == 13 / 50
     assert d.collapsed and d.at_chance and d.majority_share == 0.26
     # the level a constant answer reaches: always "A" scores 26% here, above the 25% of chance
-    assert d.flags == ["at chance (26%)", "collapsed: A 94%"]
+    assert d.flags == ["at chance (majority gold 26%)", "collapsed: A 94%"]
 
 
 def _yes_no_sample(strict: str | None, gold: str, knowledge: str | None = None) -> Sample:
@@ -160,7 +169,7 @@ def test_a_task_whose_gold_answers_lean_one_way_is_judged_against_the_majority_a
     accuracy = aggregate(leaning)["task_accuracy"]
     d = diagnose(leaning, accuracy, chance=0.5)
     assert d.majority_share == 0.62 and accuracy.value == 0.64 and 0.5 < accuracy.ci_low <= 0.62
-    assert not d.collapsed and not d.knowledge_collapsed and d.at_chance and d.flags == ["at chance (62%)"]
+    assert not d.collapsed and not d.knowledge_collapsed and d.at_chance and d.flags == ["at chance (majority gold 62%)"]
     always = [_yes_no_sample("A", gold, "A") for gold in golds]
     assert diagnose(always, aggregate(always)["task_accuracy"], chance=0.5).collapsed  # 100% > 62% + 20
 

@@ -142,8 +142,8 @@ def test_answer_that_is_not_an_index(tmp_path, answer, kind):
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        ("stop:", "stopp:", "unknown key 'stopp'; did you mean 'stop'?"),
-        ("eval_split:", "eval_splt:", "unknown key 'dataset.eval_splt'; did you mean 'eval_split'?"),
+        ("stop:", "stopp:", "unknown key 'stopp' (did you mean 'stop'?)"),
+        ("eval_split:", "eval_splt:", "unknown key 'dataset.eval_splt' (did you mean 'eval_split'?)"),
         ("stop:", "colour: 1\nstop:", "unknown key 'colour'; remove it"),
         ("  eval_split: test\n", "", "dataset.eval_split: required, but not given; add it"),
         ("answer_format: multiple_choice", "answer_format: bogus", "unknown answer_format 'bogus'; choose one of: multiple_choice"),

@@ -23,20 +23,23 @@ log = logging.getLogger("softeval")
 
 def run_unit(
     lm: LoadedModel, spec: TaskSpec, study: Study, *, role: str | None = None, output: Path, soft: SoftPrompt | None, data_dir,
-    force: bool, progress: bool = True,
+    force: bool, progress: bool = True, tell_failures: bool = True,
 ) -> list[CellReport]:
-    """Every method and chat mode of one model on one task. A cell that fails is reported and the
-    others go on."""
+    """Every method and chat mode of one model on one task. A cell that fails is reported (and
+    logged as it fails, with `tell_failures`) and the others go on."""
     reports = []
     for chat in chat_modes(lm, study, role):
         for method in study.methods:
             if method == "soft-prompt" and soft is not None and bool(soft.metadata.get("chat")) != chat:
-                continue  # a given prompt serves the one mode it was tuned for
+                if chat:  # a given prompt serves the one mode it was tuned for
+                    log.warning("%s was tuned without the chat template: no soft-prompt cell with --chat (tune one with --chat)", soft.name)
+                continue
             folder = cell_folder(output, lm.name, spec.name, method, chat)
             try:
                 reports.append(_run_cell(lm, spec, study, method, chat, folder, output=output, soft=soft, data_dir=data_dir, force=force, progress=progress))
             except SoftevalError as exc:
-                log.error("%s failed: %s", folder, exc)
+                if tell_failures:
+                    log.error("%s failed: %s", folder, exc)
                 reports.append(CellReport(folder, "failed", str(exc)))
     return reports
 

@@ -21,7 +21,7 @@ def validation_problem(exc: ValidationError, model: type[BaseModel]) -> str:
     where = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(first["loc"][-1]), keys_at(model, first["loc"][:-1]), n=1)
-        return f"unknown key '{where}'; " + (f"did you mean '{close[0]}'?" if close else "remove it")
+        return f"unknown key '{where}'" + (f" (did you mean '{close[0]}'?)" if close else "; remove it")
     if first["type"] == "missing":
         return f"{where}: required, but not given; add it"
     message = first["msg"].removeprefix("Value error, ")

@@ -152,7 +152,8 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     samples = []
     for s in result.samples:
         loglikelihoods = None if s.option_loglikelihoods is None else [float("-inf") if x is None else x for x in s.option_loglikelihoods]
-        judgement = score_sample(answer_format, by_index[s.index], s.completion, loglikelihoods, cut=s.stop_reason == "length")
+        judgement = score_sample(answer_format, by_index[s.index], s.completion, loglikelihoods, cut=s.stop_reason == "length",
+                                 raw=s.raw_completion)
         samples.append(s.model_copy(update=judgement.model_dump()))
     metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"])
     same_code = result.versions.get("parsers") == parsers_version()
@@ -244,7 +245,7 @@ def run_examples(
     samples = []
     for i, (example, prompt, completion) in enumerate(zip(examples, prompts, completions)):
         judgement = score_sample(answer_format, example, completion.text, loglikelihoods[i] if loglikelihoods else None,
-                                 cut=completion.stop_reason == "length")
+                                 cut=completion.stop_reason == "length", raw=completion.raw)
         sample = Sample(
             index=example.index,
             source=example.source,

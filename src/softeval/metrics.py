@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 from pydantic import BaseModel, computed_field
 
-from softeval.formats import AnswerFormat, Example, Status
+from softeval.formats import AnswerFormat, Example, Reading, Status
 
 METRICS = ("format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge")
 # what each metric measures, as reports explain it
@@ -116,7 +116,9 @@ class Diagnostics(BaseModel):
             flags.append(f"no strict answers{empty}")
         else:
             if self.at_chance:
-                flags.append(f"at chance ({100 * self.chance_level:.0f}%)")
+                level = f"{100 * self.chance_level:.0f}%"
+                majority = (self.majority_share or 0.0) > (self.chance or 0.0)
+                flags.append(f"at chance (majority gold {level})" if majority else f"at chance ({level})")
             if self.collapsed:
                 flags.append(f"collapsed: {self.most_common_answer} {100 * (self.most_common_share or 0):.0f}%")
         if self.knowledge_collapsed and self.knowledge_distribution:
@@ -141,12 +143,17 @@ def _most_common(distribution: dict[str, int]) -> tuple[str, float]:
 
 def score_sample(
     answer_format: AnswerFormat, example: Example, completion: str, option_loglikelihoods: list[float] | None,
-    *, cut: bool = False,
+    *, cut: bool = False, raw: str | None = None,
 ) -> Judgement:
-    """The judgement of one completion (`cut`: generation stopped at the token limit); knowledge
-    from option loglikelihoods where the format has options."""
+    """The judgement of one completion (`cut`: generation stopped at the token limit; `raw`: what
+    was generated before the stop string cut it); knowledge from option loglikelihoods where the
+    format has options."""
     strict = answer_format.strict(completion, example, cut=cut)
     lenient = answer_format.lenient(completion, example, cut=cut)
+    if not completion.strip() and raw and raw.strip():
+        # a completion that opens with a stop string ("\nQuestion:") wrote something, not nothing
+        stopped = f"a stop string came before any answer: {raw.strip()[:30]!r}"
+        strict, lenient = (Reading.none(r.status, stopped) if r.answer is None else r for r in (strict, lenient))
     lenient_correct = answer_format.is_correct(lenient.answer, example)
     judgement = dict(
         strict_answer=strict.answer,

@@ -16,8 +16,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-console = Console(stderr=True)
-# Result tables go to stdout, wide enough for every column even when piped to a file.
+# Piped to a file, log lines and result tables are written 200 columns wide (not rich's 80),
+# so paths and table rows are not broken across lines.
+console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 200)
 stdout = Console(width=None if Console().is_terminal else 200)
 
 Advance = Callable[[int], None]

@@ -85,7 +85,11 @@ class SoftPrompt:
             )
 
     def check(self, lm: LoadedModel, spec: TaskSpec, chat: bool) -> None:
-        """A clear error when the prompt was tuned for another model, task or chat mode."""
+        """A clear error when the prompt was tuned for another model, task or chat mode. A prompt
+        that records another model is named by it, before its width would be."""
+        made_for = self.metadata.get("model")
+        if made_for and model_difference(made_for, lm.identity):
+            check_made_for(self.name, self.metadata, lm, spec, chat)
         self.check_shape(lm)
         check_made_for(self.name, self.metadata, lm, spec, chat)
 

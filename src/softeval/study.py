@@ -135,16 +135,20 @@ def run_study(
         reports = run_on_ray(study, specs, ray, cache_dir=cache_dir, **run)
     else:
         reports = []
+        # a failure is logged as it happens where other cells go on; the error that ends the
+        # command names the first one, so a single cell's failure is told once
+        tell = len(study.models) * len(specs) * len(study.methods) * (2 if study.chat else 1) > 1
         for entry in study.models:
             lm = None  # the last model is freed before the next one loads, not after
             try:  # its weights load with the first cell that is not finished yet
                 lm = load_model(entry.model, cache_dir=cache_dir, lazy=True)
             except SoftevalError as exc:  # reported with the failed cells; the other models go on
-                log.error("%s", exc)
+                if tell:
+                    log.error("%s", exc)
                 reports += [CellReport(output / model_name(entry.model) / spec.name, "failed", str(exc)) for spec in specs]
                 continue
             for spec in specs:
-                reports += run_unit(lm, spec, study, role=entry.role, progress=progress, **run)
+                reports += run_unit(lm, spec, study, role=entry.role, progress=progress, tell_failures=tell, **run)
             if _any_finished(reports):
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
