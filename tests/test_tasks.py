@@ -97,9 +97,11 @@ def test_an_unreachable_hub_reads_the_datasets_cache_at_once(mirror, monkeypatch
         load_examples(load_task("arc_easy"), "test", data_dir=None)
 
 
-def test_unknown_task_lists_known_ones():
+def test_unknown_task_lists_known_ones(tmp_path):
     with pytest.raises(SoftevalError, match="unknown task 'arc_eazy'.*arc_easy"):
         load_task("arc_eazy")
+    with pytest.raises(SoftevalError, match=r"task spec not found: .*nope\.yaml; check the path, or give a built-in task name \(softeval tasks lists them\)"):
+        load_task(tmp_path / "nope.yaml")
 
 
 # --- user tasks --------------------------------------------------------------------------------

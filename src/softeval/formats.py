@@ -249,7 +249,7 @@ class MultipleChoice(AnswerFormat):
                 "the spec's answer field must give the correct option's position (0, 1, ...)"
             )
         if not 0 <= gold < len(choices):
-            raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options")
+            raise SoftevalError(f"{source}: answer index {gold!r} is out of range for {len(choices)} options (0 to {len(choices) - 1}); fix the row or drop it")
         example.choices, example.answer_index, example.answer = choices, gold, LETTERS[gold]
         example.cloze_contexts, example.cloze_continuation = _partial_scoring(values, len(choices), source)
         return example

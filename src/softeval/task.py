@@ -219,7 +219,7 @@ def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Pat
         )
     path = relative_to / path if relative_to is not None and not path.is_absolute() else path
     if not path.is_file():
-        raise SoftevalError(f"task spec not found: {path}")
+        raise SoftevalError(f"task spec not found: {path}; check the path, or give a built-in task name (softeval tasks lists them)")
     return path.resolve()
 
 
