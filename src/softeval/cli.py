@@ -375,13 +375,14 @@ def tune_command(
 @app.command("tasks")
 def tasks_command(data_dir: DataDir = None) -> None:
     """List the built-in tasks with their splits and, where data is found locally, their sizes."""
-    table = Table(title="tasks")
+    table = Table(title="tasks" if data_dir is None else f"tasks (rows in {data_dir})")
     for header in ["task", "format", "source", "eval", "tune", "few-shot"]:
         table.add_column(header)
+    missing = "" if data_dir is None else " (not found)"  # without a mirror, data comes from the hub
     for name in builtin_tasks():
         spec = load_task(name)
         sizes = split_sizes(spec, data_dir)
-        show = {split: split if n is None else f"{split} ({n})" for split, n in sizes.items()}.__getitem__
+        show = {split: f"{split}{missing}" if n is None else f"{split} ({n})" for split, n in sizes.items()}.__getitem__
         ds = spec.dataset
         source = f"{ds.path}/{ds.config}" if ds.config else ds.path
         table.add_row(name, spec.answer_format, source, show(ds.eval_split), show(ds.tune_split), show(ds.fewshot_split))

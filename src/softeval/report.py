@@ -94,7 +94,7 @@ def diagnostics_table(results: list) -> list[str]:
     """Markdown lines: per cell, the strict-answer distribution against chance, and the shares of
     empty, ambiguous and self-contradicting answers."""
     percent = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"  # noqa: E731
-    header = ["model", "method", "strict answers", "most common", "chance", "always most common", "empty", "ambiguous", "conflict"]
+    header = ["model", "method", "strict answers", "most common (share of strict answers)", "chance", "always most common", "empty", "ambiguous", "conflict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         d = r.diagnostics
