@@ -34,7 +34,7 @@ SHORT = {
 
 
 def cell_label(config: dict) -> str:
-    return config["method"] + (" +chat" if config.get("chat") else "")
+    return config["method"] + ("-chat" if config.get("chat") else "")
 
 
 def format_metric(m: Metric) -> str:
