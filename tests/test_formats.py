@@ -192,6 +192,22 @@ def test_numeric_alias_needs_to_be_the_only_number():
     assert not fmt.is_correct(fmt.lenient(" From 1914-1918 and then 1939", war).answer, war)
 
 
+def test_an_alias_the_question_holds_is_not_read_inside_the_line(mirror):
+    spec = load_task("triviaqa")
+    rows = {e.question: e for e in load_examples(spec, "validation", mirror)}
+    maryland, born_first = rows["What is the state capital of Maryland"], rows["Who was born first, Kiefer Sutherland or Christian Slater?"]
+    fmt = spec.format
+    assert "Capital of Maryland" in maryland.aliases  # a Wikipedia redirect among Annapolis's aliases
+    # restating the question is no evidence of the answer, wherever the model goes after it
+    wrong = fmt.lenient(" The capital of Maryland is Baltimore", maryland)
+    assert not fmt.is_correct(wrong.answer, maryland)
+    assert wrong.note == "the gold answer 'Capital of Maryland' is in the question too: not read inside the line"
+    assert not fmt.is_correct(fmt.lenient(" Christian Slater was born first, Kiefer Sutherland.", born_first).answer, born_first)
+    # an alias the question does not hold is still found, and the line equal to an alias counts
+    assert fmt.is_correct(fmt.lenient(" The capital of Maryland is Annapolis", maryland).answer, maryland)
+    assert fmt.is_correct(fmt.lenient(" Kiefer Sutherland", born_first).answer, born_first)
+
+
 def test_an_alias_the_normalisation_empties_is_compared_as_written(mirror):
     # NQ-open's gold for the most common blood type in Sweden: SQuAD's rule drops "A" as an
     # article and "+" as punctuation, which would leave nothing to compare

@@ -736,6 +736,10 @@ class ShortAnswer(AnswerFormat):
         if _is_list(line):
             return Reading.none("ambiguous", "lists several candidate answers")
         found = self._alias_inside(line, example)
+        if found is None:
+            echoed = next((a for a in example.aliases if self._contains(example.question, a) and self._contains(line, a)), None)
+            if echoed is not None:
+                return Reading(line, note=f"the gold answer '{echoed}' is in the question too: not read inside the line")
         return Reading(found or line)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
@@ -752,22 +756,28 @@ class ShortAnswer(AnswerFormat):
         return None
 
     def _alias_inside(self, line: str, example: Example) -> str | None:
-        padded = f" {normalize(line, self.normalization)} "
         numbers = sorted(_NUMBER_WORDS.findall(line))
         for alias in example.aliases:
-            needle = normalize(alias, self.normalization)
-            if not needle:  # emptied by the normalisation: looked for as written
-                if _typed_inside(line, alias):
-                    return alias
-                continue
-            if f" {needle} " not in padded:
+            # an alias the question holds is no evidence: a line restating the question holds it
+            # too ("The capital of Maryland is Baltimore" for the alias "Capital of Maryland", or
+            # "Christian Slater was born first, Kiefer Sutherland" when the question names both)
+            if not self._contains(line, alias) or self._contains(example.question, alias):
                 continue
             # a numeric alias counts where the line's numbers are its own: "2^0 = 1" is no evidence
             # of the answer "1", "The war lasted 1914-1918" is of "1914-1918"
+            needle = normalize(alias, self.normalization)
             if needle.replace(" ", "").isdigit() and numbers != sorted(_NUMBER_WORDS.findall(alias)):
                 continue
             return alias
         return None
+
+    def _contains(self, text: str, alias: str) -> bool:
+        """Whether an alias is in a text as whole words, after the normalisation (as written
+        where the normalisation empties it)."""
+        needle = normalize(alias, self.normalization)
+        if not needle:
+            return _typed_inside(text, alias)
+        return f" {needle} " in f" {normalize(text, self.normalization)} "
 
 
 _NUMBER_WORDS = re.compile(r"\d+(?:[.,]\d+)*")
