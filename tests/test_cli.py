@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROWS, write_user_task
 from typer.testing import CliRunner
 
@@ -46,6 +48,12 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
     comparison = (out / "comparison.md").read_text()
     assert "| capitals |" not in comparison and "## capitals" in comparison
     assert "* `conditional_accuracy`: task accuracy / format-following" in comparison  # every metric is explained
+    # the diagnostics table gives each level the at-chance flag may name: chance and the majority gold answer
+    lines = comparison.splitlines()
+    at = next(i for i, line in enumerate(lines) if "| chance |" in line)
+    header, row = lines[at].split(" | "), next(line for line in lines[at:] if line.startswith(f"| {tiny_model_dirs['llama']} | zero-shot | ")).split(" | ")
+    majority = diagnostics["majority_share"]
+    assert row[header.index("chance")] == "50%" and row[header.index("majority gold")] == f"{100 * majority:.0f}%"
 
 
 def test_cells_of_different_task_versions_are_flagged_side_by_side(tmp_path, tiny_model_dirs):
@@ -117,8 +125,11 @@ def test_main_prints_one_line_error(tmp_path, capsys, monkeypatch):
     assert err.startswith("error:") and "GGUF file not found" in err and len(err.splitlines()) == 1
 
 
-def test_tasks_and_models_listings(mirror):
-    tasks = run("tasks", "--data-dir", mirror)
+@pytest.mark.parametrize("through", ["option", "environment"])
+def test_tasks_and_models_listings(mirror, monkeypatch, through):
+    if through == "environment":
+        monkeypatch.setenv("SOFTEVAL_DATA_DIR", str(mirror))
+    tasks = run("tasks", *(["--data-dir", mirror] if through == "option" else []))
     assert tasks.exit_code == 0 and "gsm8k" in tasks.output and "1319" in tasks.output
     # the mirror holds no MATH rows: its splits say so rather than showing no size
     math_row = next(line for line in tasks.output.splitlines() if "hendrycks_math" in line)

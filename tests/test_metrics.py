@@ -120,10 +120,17 @@ def test_options_that_share_a_continuation_are_told_apart_by_their_contexts():
 def test_a_completion_that_opens_with_a_stop_string_says_so():
     # gemma-3-270m zero-shot on ARC-Easy: it starts the next question instead of answering
     example = mc_example(["pollen", "seeds"], 0)
-    record = score_sample(MultipleChoice(), example, "", [-1.0, -2.0], raw="\nQuestion:")
+    record = score_sample(MultipleChoice(), example, "\n", [-1.0, -2.0], raw="\nQuestion:")
     assert record.strict_failure == "a stop string came before any answer: 'Question:'"
     assert record.lenient_note == record.strict_failure and not record.format_ok
     assert score_sample(MultipleChoice(), example, "", [-1.0, -2.0], raw="").strict_failure == "empty completion"
+
+
+def test_at_chance_names_chance_where_no_gold_answer_is_more_frequent():
+    golds = ["ABCD"[i % 4] for i in range(40)]
+    wrong = [_sample("BCDA"[i % 4], gold) for i, gold in enumerate(golds)]  # never right, never one option
+    d = diagnose(wrong, aggregate(wrong)["task_accuracy"], chance=0.25)
+    assert d.majority_share == d.chance == 0.25 and d.flags == ["at chance (25%)"]
 
 
 def test_open_ended_knowledge_is_lenient_accuracy():

@@ -294,7 +294,10 @@ def test_cells_of_another_task_version_are_not_paired(tmp_path, tiny_model_dirs)
     assert len(same) == 1
 
 
-def test_a_declared_base_model_runs_without_chat(tmp_path, family_dirs):
+@pytest.mark.parametrize("ray", [False, True])
+def test_a_declared_base_model_runs_without_chat(tmp_path, family_dirs, ray):
+    if ray:
+        pytest.importorskip("ray")
     post = family_dirs["alpha"]["post-trained"]  # its tokenizer has a chat template
     study = tmp_path / "study.yaml"
     task = write_user_task(tmp_path, ROWS * 5)
@@ -302,7 +305,8 @@ def test_a_declared_base_model_runs_without_chat(tmp_path, family_dirs):
         "models": [{"model": str(post), "family": "f", "role": "base"}, {"model": str(family_dirs["beta"]["post-trained"]), "family": "f", "role": "post-trained"}],
         "tasks": [str(task)], "methods": ["zero-shot"], "chat": True, "limit": 4,
     }))
-    assert run("study", study, "--output", tmp_path / "out").exit_code == 0
+    result = run("study", study, "--output", tmp_path / "out", *(["--ray", "local"] if ray else []))
+    assert result.exit_code == 0, result.output
     assert {p[::2] for p in cells_of(tmp_path / "out")} == {(post.name, "zero-shot"), ("beta-post-trained0", "zero-shot"), ("beta-post-trained0", "zero-shot-chat")}
 
 
@@ -323,7 +327,7 @@ def broken_model(tmp_path, tiny_model_dirs) -> Path:
 
 
 @pytest.mark.parametrize("ray", [False, True])
-def test_a_failing_unit_is_reported_and_the_others_finish(tmp_path, tiny_model_dirs, ray):
+def test_a_failing_unit_is_reported_and_the_others_finish(tmp_path, tiny_model_dirs, ray, caplog):
     if ray:
         pytest.importorskip("ray")
     task = write_user_task(tmp_path, ROWS * 5)
@@ -336,6 +340,8 @@ def test_a_failing_unit_is_reported_and_the_others_finish(tmp_path, tiny_model_d
     assert f"{out / 'broken-model' / 'capitals' / 'zero-shot'} failed: cannot load model" in str(result.exception)
     assert set(cells_of(out)) == {(tiny_model_dirs["llama"].name, "capitals", "zero-shot")}
     assert json.loads((out / "comparison.json").read_text())["cells"]
+    if not ray:  # where other cells go on, a failure is told as it happens (a worker's log is its own)
+        assert [r for r in caplog.records if r.levelname == "ERROR" and "cannot load model" in r.getMessage()]
 
 
 def test_options_are_named_as_the_user_wrote_them(tmp_path, tiny_model_dirs):
@@ -457,6 +463,28 @@ def test_a_reused_cell_is_judged_again_by_the_current_parsers(tmp_path, tiny_mod
     rejudged = json.loads(results_path.read_text())
     assert rejudged["metrics"] == results["metrics"] and rejudged["diagnostics"] == results["diagnostics"]
     assert rejudged["created"] == results["created"] and rejudged["versions"]["parsers"] == results["versions"]["parsers"]
+
+
+def test_judging_again_notes_a_completion_that_opened_with_a_stop_string(tmp_path, tiny_llama):
+    from softeval import evaluate, load_task
+    from softeval.evaluate import rejudge
+    from softeval.metrics import score_sample
+
+    spec = load_task(write_user_task(tmp_path, ROWS))
+    result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+    first = result.samples[0]
+    example = next(e for e in load_examples_of(spec) if e.index == first.index)
+    # as an older version judged it: the cut text alone, an "empty completion"
+    old = first.model_copy(update={"completion": "\n", "raw_completion": "\nQuestion:", "stop_reason": "stop",
+                                   **score_sample(spec.format, example, "\n", None).model_dump(exclude={"option_loglikelihoods", "knowledge_answer", "knowledge_correct"})})
+    assert old.strict_failure == "empty completion"
+    result.samples = [old, *result.samples[1:]]
+    result.versions["parsers"] = "older"
+    folder = result.save(tmp_path / "cell")
+    assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) == 1
+    again = EvalResult.load(folder).samples[0]
+    assert again.strict_failure == again.lenient_note == "a stop string came before any answer: 'Question:'"
+    assert (again.format_ok, again.task_correct) == (False, False)
 
 
 def test_judging_again_applies_the_installed_parsers_to_a_number_cell(tmp_path, tiny_llama):

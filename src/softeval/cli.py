@@ -22,7 +22,7 @@ from rich.text import Text
 
 # Only light modules here: `--help`, and a mistake in a command, are answered without importing
 # torch, transformers or scipy (seconds); the machinery is imported where it is used.
-from softeval.data import split_sizes
+from softeval.data import resolve_data_dir, split_sizes
 from softeval.errors import SoftevalError
 from softeval.models import ALIASES, cache_root, cached_models, prepare_alias
 from softeval.preflight import check_before_work, check_output
@@ -375,6 +375,7 @@ def tune_command(
 @app.command("tasks")
 def tasks_command(data_dir: DataDir = None) -> None:
     """List the built-in tasks with their splits and, where data is found locally, their sizes."""
+    data_dir = resolve_data_dir(data_dir)  # --data-dir, else $SOFTEVAL_DATA_DIR
     table = Table(title="tasks" if data_dir is None else f"tasks (rows in {data_dir})")
     for header in ["task", "format", "source", "eval", "tune", "few-shot"]:
         table.add_column(header)

@@ -34,6 +34,7 @@ def run_on_ray(
     data_dir,
     cache_dir,
     force: bool,
+    tell_failures: bool = True,
 ) -> list[CellReport]:
     """Run every unit on Ray ("local": a cluster started for this command; otherwise the address
     of a running cluster, whose workers see the same files and have softeval installed) and
@@ -62,7 +63,7 @@ def run_on_ray(
     task = ray.remote(_run_unit).options(**study.resources)
     try:
         pending = {
-            task.remote(entry.model, spec, study, soft=soft, force=force, **where): (entry.model, spec.name)
+            task.remote(entry.model, spec, study, role=entry.role, soft=soft, force=force, tell_failures=tell_failures, **where): (entry.model, spec.name)
             for entry in study.models
             for spec in specs
         }
@@ -85,7 +86,9 @@ def run_on_ray(
             ray.shutdown()
 
 
-def _run_unit(model: str, spec: TaskSpec, study: Study, *, output: Path, soft, data_dir, cache_dir, force: bool) -> list[CellReport]:
+def _run_unit(
+    model: str, spec: TaskSpec, study: Study, *, role: str | None, output: Path, soft, data_dir, cache_dir, force: bool, tell_failures: bool
+) -> list[CellReport]:
     """One (model, task) unit inside a Ray worker, computing on as many threads as the CPUs it
     holds: set here rather than left to the worker's environment, so that a unit's floating-point
     results (which depend on how sums are split between threads) follow the study file."""
@@ -93,4 +96,4 @@ def _run_unit(model: str, spec: TaskSpec, study: Study, *, output: Path, soft, d
 
     torch.set_num_threads(max(1, int(study.resources.get("num_cpus", 1))))
     lm = load_model(model, cache_dir=cache_dir, lazy=True)
-    return run_unit(lm, spec, study, output=output, soft=soft, data_dir=data_dir, force=force, progress=False)
+    return run_unit(lm, spec, study, role=role, output=output, soft=soft, data_dir=data_dir, force=force, progress=False, tell_failures=tell_failures)

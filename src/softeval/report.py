@@ -94,7 +94,8 @@ def diagnostics_table(results: list) -> list[str]:
     """Markdown lines: per cell, the strict-answer distribution against chance, and the shares of
     empty, ambiguous and self-contradicting answers."""
     percent = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"  # noqa: E731
-    header = ["model", "method", "strict answers", "most common (share of strict answers)", "chance", "always most common", "empty", "ambiguous", "conflict"]
+    header = ["model", "method", "strict answers", "most common (share of strict answers)", "chance", "majority gold", "always most common",
+              "empty", "ambiguous", "conflict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         d = r.diagnostics
@@ -102,7 +103,7 @@ def diagnostics_table(results: list) -> list[str]:
             continue
         distribution = ", ".join(f"{k} {v}" for k, v in (d.answer_distribution or {}).items()) or "-"
         common = f"{d.most_common_answer} ({percent(d.most_common_share)})" if d.most_common_answer else "-"
-        cells = [r.config["model"], cell_label(r.config), distribution, common, percent(d.chance),
+        cells = [r.config["model"], cell_label(r.config), distribution, common, percent(d.chance), percent(d.majority_share),
                  percent(d.most_common_accuracy), percent(d.empty_share), percent(d.ambiguous_share), percent(d.conflict_share)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

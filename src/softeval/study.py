@@ -128,16 +128,16 @@ def run_study(
     soft = load_soft_prompt(prompt) if prompt is not None and "soft-prompt" in study.methods else None
     if soft is not None:
         check_given_prompt(soft, study, specs)
-    run = dict(output=output, soft=soft, data_dir=data_dir, force=force)
+    # a failure is logged as it happens where other cells go on; the error that ends the command
+    # names the first one, so a single cell's failure is told once
+    tell = _planned_cells(study, specs, soft) > 1
+    run = dict(output=output, soft=soft, data_dir=data_dir, force=force, tell_failures=tell)
     if ray is not None:
         from softeval.distributed import run_on_ray
 
         reports = run_on_ray(study, specs, ray, cache_dir=cache_dir, **run)
     else:
         reports = []
-        # a failure is logged as it happens where other cells go on; the error that ends the
-        # command names the first one, so a single cell's failure is told once
-        tell = len(study.models) * len(specs) * len(study.methods) * (2 if study.chat else 1) > 1
         for entry in study.models:
             lm = None  # the last model is freed before the next one loads, not after
             try:  # its weights load with the first cell that is not finished yet
@@ -148,7 +148,7 @@ def run_study(
                 reports += [CellReport(output / model_name(entry.model) / spec.name, "failed", str(exc)) for spec in specs]
                 continue
             for spec in specs:
-                reports += run_unit(lm, spec, study, role=entry.role, progress=progress, tell_failures=tell, **run)
+                reports += run_unit(lm, spec, study, role=entry.role, progress=progress, **run)
             if _any_finished(reports):
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
@@ -177,6 +177,16 @@ def check_given_prompt(soft: SoftPrompt, study: Study, specs: list[TaskSpec]) ->
     if chat and not study.chat:
         raise SoftevalError(f"{soft.name} was tuned with the chat template; add --chat to evaluate it")
     check_task_made_for(soft.name, soft.metadata, specs[0], chat)
+
+
+def _planned_cells(study: Study, specs: list[TaskSpec], soft: SoftPrompt | None) -> int:
+    """Cells a study may run: each method in each chat mode, for each model and task (a given
+    soft prompt serves one mode; a model declared base runs plain only)."""
+    cells = 0
+    for entry in study.models:
+        modes = 2 if study.chat and entry.role != "base" else 1
+        cells += sum(1 if method == "soft-prompt" and soft is not None else modes for method in study.methods)
+    return cells * len(specs)
 
 
 def _any_finished(reports: list[CellReport]) -> bool:
