@@ -181,7 +181,7 @@ def test_run_tunes_evaluates_and_compares(tmp_path, tiny_model_dirs):
         assert (out / name / "capitals" / folder / "curve.png").exists()
     report = (out / "comparison.md").read_text()
     assert "## capitals" in report and "prompt-chat/curve.png" in report
-    assert "| strict answers | most common | chance |" in report  # the answer diagnostics per cell
+    assert "| strict answers | most common (share of strict answers) | chance | majority gold |" in report  # the answer diagnostics per cell
     assert all(c["diagnostics"]["chance"] == 0.5 for c in cells)
     stamp = (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns
     assert run(*args).exit_code == 0  # a second run reuses the tuned prompts

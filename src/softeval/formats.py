@@ -269,7 +269,10 @@ class MultipleChoice(AnswerFormat):
         return self.read(text, example, cut=cut)
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        return self.read(_first_line(completion), example, cut=cut)
+        text = _first_line(completion)
+        if not text:
+            return Reading.none("no_answer", "empty completion")
+        return self.read(text, example, cut=cut)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
         return answer is not None and answer == example.answer
