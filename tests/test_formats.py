@@ -203,6 +203,9 @@ def test_an_alias_the_question_holds_is_not_read_inside_the_line(mirror):
     assert not fmt.is_correct(wrong.answer, maryland)
     assert wrong.note == "the gold answer 'Capital of Maryland' is in the question too: not read inside the line"
     assert not fmt.is_correct(fmt.lenient(" Christian Slater was born first, Kiefer Sutherland.", born_first).answer, born_first)
+    # the gold answer opening the line commits to it, as in a choice question's answer
+    assert fmt.is_correct(fmt.lenient(" Kiefer Sutherland was born first.", born_first).answer, born_first)
+    assert not fmt.is_correct(fmt.lenient(" Capital of Maryland is Baltimore", maryland).answer, maryland)  # not the gold answer itself
     # an alias the question does not hold is still found, and the line equal to an alias counts
     assert fmt.is_correct(fmt.lenient(" The capital of Maryland is Annapolis", maryland).answer, maryland)
     assert fmt.is_correct(fmt.lenient(" Kiefer Sutherland", born_first).answer, born_first)
@@ -223,6 +226,9 @@ def test_an_alias_the_normalisation_empties_is_compared_as_written(mirror):
     # lenient finds it inside the line as written, not as part of a longer sign
     assert fmt.is_correct(fmt.lenient(" The answer is A+.", sweden).answer, sweden)
     assert not fmt.is_correct(fmt.lenient(" The answer is O, then A++ grades", sweden).answer, sweden)
+    band = qa_example("The The")  # emptied too, and made of words: spaces around it are no part of it
+    assert fmt.is_correct(fmt.lenient(" I like the the band", band).answer, band)
+    assert not fmt.is_correct(fmt.lenient(" I like theThe", band).answer, band)
     star = qa_example("the symbol ×", "*")
     assert fmt.is_correct(fmt.lenient(" *", star).answer, star)
     assert not fmt.is_correct(fmt.lenient(" A", star).answer, star)

@@ -763,8 +763,11 @@ class ShortAnswer(AnswerFormat):
         for alias in example.aliases:
             # an alias the question holds is no evidence: a line restating the question holds it
             # too ("The capital of Maryland is Baltimore" for the alias "Capital of Maryland", or
-            # "Christian Slater was born first, Kiefer Sutherland" when the question names both)
-            if not self._contains(line, alias) or self._contains(example.question, alias):
+            # "Christian Slater was born first, Kiefer Sutherland" when the question names both);
+            # but the gold answer opening the line commits to it ("Kiefer Sutherland was born first")
+            if not self._contains(line, alias):
+                continue
+            if self._contains(example.question, alias) and not (alias == example.aliases[0] and self._opens(line, alias)):
                 continue
             # a numeric alias counts where the line's numbers are its own: "2^0 = 1" is no evidence
             # of the answer "1", "The war lasted 1914-1918" is of "1914-1918"
@@ -773,6 +776,11 @@ class ShortAnswer(AnswerFormat):
                 continue
             return alias
         return None
+
+    def _opens(self, line: str, alias: str) -> bool:
+        """Whether a line opens with an alias, as whole words, after the normalisation."""
+        needle = normalize(alias, self.normalization)
+        return bool(needle) and f"{normalize(line, self.normalization)} ".startswith(f"{needle} ")
 
     def _contains(self, text: str, alias: str) -> bool:
         """Whether an alias is in a text as whole words, after the normalisation (as written
@@ -802,7 +810,8 @@ def _typed_inside(line: str, alias: str) -> bool:
     """Whether an alias, as written, is in a line, not as part of a longer word or sign ("A+" is
     in "The answer is A+.", not in "AB+" or "A++")."""
     wanted = re.escape(_typed(alias))
-    return re.search(rf"(?<![\w{re.escape(alias)}]){wanted}(?![\w{re.escape(alias)}])", _typed(line)) is not None
+    signs = re.escape("".join(set(alias) - set(string.whitespace)))  # a sign the alias is made of may not extend it
+    return re.search(rf"(?<![\w{signs}]){wanted}(?![\w{signs}])", _typed(line)) is not None
 
 
 def _first_line(completion: str) -> str:
