@@ -229,6 +229,9 @@ def test_an_alias_the_normalisation_empties_is_compared_as_written(mirror):
     band = qa_example("The The")  # emptied too, and made of words: spaces around it are no part of it
     assert fmt.is_correct(fmt.lenient(" I like the the band", band).answer, band)
     assert not fmt.is_correct(fmt.lenient(" I like theThe", band).answer, band)
+    vitamin = qa_example("A")  # an article alone is equal to the answer or not at all
+    assert fmt.is_correct(fmt.lenient(" A", vitamin).answer, vitamin)
+    assert not fmt.is_correct(fmt.lenient(" It is a vitamin", vitamin).answer, vitamin)
     star = qa_example("the symbol ×", "*")
     assert fmt.is_correct(fmt.lenient(" *", star).answer, star)
     assert not fmt.is_correct(fmt.lenient(" A", star).answer, star)

@@ -786,8 +786,8 @@ class ShortAnswer(AnswerFormat):
         """Whether an alias is in a text as whole words, after the normalisation (as written
         where the normalisation empties it)."""
         needle = normalize(alias, self.normalization)
-        if not needle:
-            return _typed_inside(text, alias)
+        if not needle:  # "A+", "The The"; but an article alone ("A") is in most lines as the article
+            return (len(alias.split()) > 1 or not alias.strip().isalpha()) and _typed_inside(text, alias)
         return f" {needle} " in f" {normalize(text, self.normalization)} "
 
 
