@@ -738,11 +738,9 @@ class ShortAnswer(AnswerFormat):
             return Reading(exact)
         if _is_list(line):
             return Reading.none("ambiguous", "lists several candidate answers")
-        found = self._alias_inside(line, example)
-        if found is None:
-            echoed = next((a for a in example.aliases if self._contains(example.question, a) and self._contains(line, a)), None)
-            if echoed is not None:
-                return Reading(line, note=f"the gold answer '{echoed}' is in the question too: not read inside the line")
+        found, restated = self._alias_inside(line, example)
+        if found is None and restated is not None:
+            return Reading(line, note=f"the gold answer '{restated}' is in the question too: not read inside the line")
         return Reading(found or line)
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
@@ -758,37 +756,50 @@ class ShortAnswer(AnswerFormat):
                 return alias
         return None
 
-    def _alias_inside(self, line: str, example: Example) -> str | None:
+    def _alias_inside(self, line: str, example: Example) -> tuple[str | None, str | None]:
+        """The first alias found inside the line; else None, and the first alias passed over
+        because the question holds it too (None if none was)."""
+        said, asked = _Words(line, self.normalization), _Words(example.question, self.normalization)
         numbers = sorted(_NUMBER_WORDS.findall(line))
+        restated = None
         for alias in example.aliases:
+            if not said.hold(alias):
+                continue
             # an alias the question holds is no evidence: a line restating the question holds it
             # too ("The capital of Maryland is Baltimore" for the alias "Capital of Maryland", or
             # "Christian Slater was born first, Kiefer Sutherland" when the question names both);
             # but the gold answer opening the line commits to it ("Kiefer Sutherland was born first")
-            if not self._contains(line, alias):
-                continue
-            if self._contains(example.question, alias) and not (alias == example.aliases[0] and self._opens(line, alias)):
+            if asked.hold(alias) and not (alias == example.aliases[0] and said.open_with(alias)):
+                restated = restated or alias
                 continue
             # a numeric alias counts where the line's numbers are its own: "2^0 = 1" is no evidence
             # of the answer "1", "The war lasted 1914-1918" is of "1914-1918"
             needle = normalize(alias, self.normalization)
             if needle.replace(" ", "").isdigit() and numbers != sorted(_NUMBER_WORDS.findall(alias)):
                 continue
-            return alias
-        return None
+            return alias, None
+        return None, restated
 
-    def _opens(self, line: str, alias: str) -> bool:
-        """Whether a line opens with an alias, as whole words, after the normalisation."""
-        needle = normalize(alias, self.normalization)
-        return bool(needle) and f"{normalize(line, self.normalization)} ".startswith(f"{needle} ")
 
-    def _contains(self, text: str, alias: str) -> bool:
-        """Whether an alias is in a text as whole words, after the normalisation (as written
+class _Words:
+    """A text as aliases are looked for in it: normalised once, for every alias."""
+
+    def __init__(self, text: str, rule: Normalization):
+        self.text, self.rule = text, rule
+        self.normalised = normalize(text, rule)
+
+    def hold(self, alias: str) -> bool:
+        """Whether the alias is in the text as whole words, after the normalisation (as written
         where the normalisation empties it)."""
-        needle = normalize(alias, self.normalization)
+        needle = normalize(alias, self.rule)
         if not needle:  # "A+", "The The"; but an article alone ("A") is in most lines as the article
-            return (len(alias.split()) > 1 or not alias.strip().isalpha()) and _typed_inside(text, alias)
-        return f" {needle} " in f" {normalize(text, self.normalization)} "
+            return (len(alias.split()) > 1 or not alias.strip().isalpha()) and _typed_inside(self.text, alias)
+        return f" {needle} " in f" {self.normalised} "
+
+    def open_with(self, alias: str) -> bool:
+        """Whether the text opens with the alias, as whole words, after the normalisation."""
+        needle = normalize(alias, self.rule)
+        return bool(needle) and f"{self.normalised} ".startswith(f"{needle} ")
 
 
 _NUMBER_WORDS = re.compile(r"\d+(?:[.,]\d+)*")

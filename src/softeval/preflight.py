@@ -148,4 +148,3 @@ def check_output(folder: str | Path, option: str = "--output") -> None:
     free = shutil.disk_usage(existing).free
     if free < MIN_FREE_BYTES:
         raise SoftevalError(f"only {free >> 20} MiB free for {folder}; free disk space or choose another {option}")
-

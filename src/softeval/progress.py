@@ -16,10 +16,15 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-# Piped to a file, log lines and result tables are written 200 columns wide (not rich's 80),
-# so paths and table rows are not broken across lines.
-console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 200)
-stdout = Console(width=None if Console().is_terminal else 200)
+
+def _console(stderr: bool) -> Console:
+    """A console as wide as its terminal; piped to a file, 200 columns (not rich's 80), so paths
+    in log lines and rows of result tables are not broken across lines."""
+    return Console(stderr=stderr, width=None if Console(stderr=stderr).is_terminal else 200)
+
+
+console = _console(stderr=True)  # logs and progress
+stdout = _console(stderr=False)  # result tables
 
 Advance = Callable[[int], None]
 
