@@ -662,6 +662,31 @@ def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
     assert max(forwards) <= 256  # prefills and option batches alike
 
 
+def test_short_rows_do_not_decode_in_a_long_rows_pool(tiny_lm, monkeypatch):
+    """Every row of a pool holds the pool's width: short prompts wait for a pool of their own
+    rather than join one many times as wide as they can ever grow (POOL_WIDTH_RATIO), and decode
+    as they would alone."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 2]
+    prompts.insert(3, _long_prompt(tiny_lm))
+    alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, ["\x00never"], max_new_tokens=8)
+    step = _Decoder.step
+    pools: list[tuple[list[int], int]] = []  # live rows and width at every decode step
+
+    def recording(self, pool, advance, speculate=False):
+        pools.append(([row for row in pool.rows if row is not None], pool.width))
+        return step(self, pool, advance, speculate)
+
+    monkeypatch.setattr(_Decoder, "step", recording)
+    completions = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=8)
+    assert [c.tokens for c in completions] == [c.tokens for c in alone]
+    own = {i: len(p) + 8 for i, p in enumerate(prompts)}  # the most columns each row can take
+    assert 4 * max(own[i] for i in range(len(prompts)) if i != 3) < own[3]  # no short row fits with it
+    with_long = [rows for rows, _ in pools if 3 in rows]
+    assert with_long and all(rows == [3] for rows in with_long)
+    assert all(width <= engine_module.POOL_WIDTH_RATIO * min(own[i] for i in rows) + 8 for rows, width in pools)
+    assert any(len(rows) == 4 for rows, _ in pools)  # the short rows still share pools
+
+
 @pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcapped"])
 def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, softcap):
     """Slice by slice, the LM head picks what the argmax of its full logits picks, the first

@@ -38,6 +38,13 @@ PADDING_SLACK = 1 / 32
 # Rows decoding together: a decode step reads every weight once, whatever the rows, so more rows
 # share that cost, up to where their KV cache costs more to read than the weights.
 DECODE_ROWS = 128
+# A prompt joins a pool, or makes one with the widest prompt queued, only while the pool is at
+# most this many times as wide as the most columns the prompt's row can take (its own tokens and
+# every new token). A pool is as wide as its widest row, and every row holds that width: zeros
+# written into memory when it joins, read by attention at every decode step. One 4,568-token
+# prompt among short ARC-Easy prompts had 15 short rows each write 4,500 columns of zeros (30%
+# more time than one row at a time); a long generation would read them at every step.
+POOL_WIDTH_RATIO = 4
 # Rows join a pool once this share of its slots are idle (and once the queue is drained, the idle
 # slots are dropped): each joining batch is one more forward pass (a read of the weights), each
 # idle slot a wasted row at every decode step.
@@ -178,7 +185,7 @@ class Engine:
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
-            arrivals = self._arrivals(pool, queue, prompts, prefix, max_new_tokens + room)
+            arrivals = self._arrivals(pool, queue, prompts, prefix, max_new_tokens, room)
             speculate = self.speculates and not queue
             # a step takes one column, or with drafts up to 1 + MAX_DRAFT (a smaller room caps them)
             needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
@@ -192,8 +199,9 @@ class Engine:
                     continue
             elif self._wasteful(pool) or pool.room() < needed:
                 # drop rejected drafts' columns and make room; idle slots stay while rows may join
-                pool = self._repack(pool, room, free=pool.idle if queue else 0)
-            elif not queue and self._joinable(pool):
+                joins = self._next_joins(pool, queue, prompts, prefix, max_new_tokens)
+                pool = self._repack(pool, room, free=pool.idle if joins else 0)
+            elif self._joinable(pool) and not self._next_joins(pool, queue, prompts, prefix, max_new_tokens):
                 pool.compact()  # no row will join: drop the idle slots
             # columns no row attends to any more, left of every row, are not read again; queued
             # prompts still fit in what is kept
@@ -217,27 +225,41 @@ class Engine:
         return 4 * (span - pool.longest()) > span
 
     def _arrivals(
-        self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, horizon: int
+        self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, max_new_tokens: int,
+        room: int,
     ) -> list[list[int]]:
         """Prefill batches of the prompts that join the pool now, taken from the queue. The first
         batches make the pool: as many rows as the KV budget holds (rows x (widest prompt's own
-        columns + `horizon`): a row's new tokens and the room reserved after them; the queue runs
-        longest first, so no later prompt is wider). Later ones fill its idle slots, once a
-        JOIN_SHARE of them are idle: joining is cheap, an idle slot costs a full row at every step."""
+        columns + the new tokens + the room reserved after them); the queue runs longest first,
+        so no later prompt is wider). Later ones fill its idle slots, once a JOIN_SHARE of them
+        are idle: joining is cheap, an idle slot costs a full row at every step. Either way, the
+        prompts that join are the queue's first ones that fit the pool's width (POOL_WIDTH_RATIO);
+        the others wait for a pool of their own."""
         if not queue:
             return []
         if pool is None:
             width = self._own_width(prompts[queue[0]], prefix)
-            free = max(1, min(self.decode_rows, self.kv_positions // (width + horizon)))
+            free = max(1, min(self.decode_rows, self.kv_positions // (width + max_new_tokens + room)))
         elif self._joinable(pool):
-            free = pool.idle
+            width, free = pool.width, pool.idle
         else:
             return []
-        widths = {i: self._own_width(prompts[i], prefix) for i in itertools.islice(queue, free)}
+        widths = {}
+        for i in itertools.islice(queue, free):
+            own = self._own_width(prompts[i], prefix)
+            if not _fits(width, own, max_new_tokens):
+                break
+            widths[i] = own
         arrivals = list(widths)
         for _ in arrivals:
             queue.popleft()
         return _batches(arrivals, widths, free, self.token_budget)
+
+    def _next_joins(
+        self, pool: _Pool, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, max_new_tokens: int
+    ) -> bool:
+        """Whether the next queued prompt may join this pool once it has idle slots."""
+        return bool(queue) and _fits(pool.width, self._own_width(prompts[queue[0]], prefix), max_new_tokens)
 
     @staticmethod
     def _joinable(pool: _Pool) -> bool:
@@ -972,6 +994,11 @@ def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_bud
     if batch:
         batches.append(batch)
     return batches
+
+
+def _fits(pool_width: int, own_width: int, max_new_tokens: int) -> bool:
+    """Whether a prompt of `own_width` columns may decode in a pool `pool_width` columns wide."""
+    return pool_width <= POOL_WIDTH_RATIO * (own_width + max_new_tokens)
 
 
 def _softcapped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
