@@ -15,7 +15,9 @@ token; acc_norm within 0.5 points) and, for each mode and for a soft-prompt tuni
 GFLOP/s (from parameter counts and tokens processed) against this machine's measured fp32 matmul peak.
 For generation it also times the run's matrix products alone, at the sizes the run computed them
 (a decode step runs a few dozen rows, where products reach a fraction of the square-matrix peak),
-and prints the share of the peak they allow and how much of that softeval reaches.
+and prints the share of the peak they allow and how much of that softeval reaches; and it times
+the run's attention, which with the products alone bounds the share of the peak any engine built
+on these kernels could reach.
 With --rounds N, both sides of each comparison run N times in turns (softeval first, then lm-eval
 first, ...); the times are medians, the speed-up the median of each round's ratio, and softeval's
 results must be the same in every round.
@@ -23,9 +25,10 @@ results must be the same in every round.
 The part `long` (not run by default) times one long prompt among short ones: ARC-Easy generation on
 30 rows, one of which shows as many demonstrations as fit near the model's context length (or
 --long-cap tokens), at the batch size against batch size 1. It checks the completions are identical
-and prints the padded prefill positions of fixed-row batches against token-budget batches. A prompt
-longer than half the engine's token budget (8192) sits alone in its batch; a shorter cap lets short
-rows join it up to the budget.
+and prints the padded prefill positions of batches without a token budget (rows sorted by length,
+the padding bounded) and with it, against batch size 1. The long prompt decodes in a pool of its
+own: short rows do not join a pool many times as wide as they can grow (the engine's
+POOL_WIDTH_RATIO), where every row would hold the pool's width.
 
 The part `protocol` (not run by default) runs the method's protocol for each model through the
 CLI: `softeval run` on the full ARC-Easy test split and 1,000 TriviaQA validation rows with
@@ -49,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,9 +60,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from transformers import AttentionInterface  # noqa: E402
 from tuning_step import softeval_step_fn  # noqa: E402
 
 from softeval import load_examples, load_model, load_task  # noqa: E402
+from softeval.attention import NAME, stacked_gqa_sdpa  # noqa: E402
 from softeval.engine import Engine, _argmax_by_vocab_chunks  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
@@ -166,6 +172,34 @@ class MatmulCeiling:
             run = lambda: [m(inputs[m.in_features]) for m in self.linears]  # noqa: E731
         run()
         return min(_timed(run) for _ in range(3))
+
+
+class AttentionClock:
+    """Wall time of the engine's attention in a run: every layer's call of its SDPA function, the
+    attention to a shared prefix and the combining of the two included. The GFLOP/s leave
+    attention out (a small share of the FLOPs), but reading the KV cache at every decode step takes
+    time, which no matrix product's speed changes: the products alone plus attention bound the
+    share of the peak a run can reach with the rest of each step (norms, rotary embeddings,
+    activations, Python) taking no time at all."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    @contextmanager
+    def running(self):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return stacked_gqa_sdpa(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        # transformers looks the function up by name at every layer call
+        AttentionInterface.register(NAME, timed)
+        try:
+            yield self
+        finally:
+            AttentionInterface.register(NAME, stacked_gqa_sdpa)
 
 
 @dataclass
@@ -279,7 +313,10 @@ def bench_generation(
     def ours():
         engine = Engine(lm, batch_size=batch_size)
         calls = ceiling.record(engine)
-        return engine, engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens), calls
+        start = time.perf_counter()
+        with AttentionClock().running() as attention:
+            completions = engine.generate([p.ids for p in prompts], spec.stop, spec.max_new_tokens)
+        return engine, completions, calls, attention.seconds / (time.perf_counter() - start)
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "rows.jsonl"
@@ -289,7 +326,7 @@ def bench_generation(
         timing = alternate(
             rounds, ours, lambda: run_lm_eval(hflm, yaml, name, log_samples=True), same=lambda a, b: [c.tokens for c in a[1]] == [c.tokens for c in b[1]]
         )
-    (engine, completions, calls), out = timing.ours, timing.theirs
+    (engine, completions, calls, attention_share), out = timing.ours, timing.theirs
     theirs = {s["doc_id"]: s["resps"][0][0] for s in out["samples"][name]}
 
     # lm-eval cuts at the first stop string anywhere; softeval only once the answer has begun, so a
@@ -302,7 +339,11 @@ def bench_generation(
     logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
     gflops = flops.forward(positions, logit_rows) / timing.ours_s / 1e9
     # the products alone, at the sizes this run computed them, rejected drafts and all
-    ceiling_gflops = flops.forward(positions, logit_rows) / ceiling.seconds(engine, *calls) / 1e9
+    products_s = ceiling.seconds(engine, *calls)
+    ceiling_gflops = flops.forward(positions, logit_rows) / products_s / 1e9
+    # and with the run's attention (its share of the last round, of the median time) beside them
+    attention_s = attention_share * timing.ours_s
+    bound_gflops = flops.forward(positions, logit_rows) / (products_s + attention_s) / 1e9
     return {
         "mode": f"generation {task}" + (f" {shots}-shot" if shots else ""),
         "rows": rows,
@@ -313,6 +354,8 @@ def bench_generation(
         "gflops": gflops,
         "peak_share": gflops / peak,
         "ceiling_gflops": ceiling_gflops,
+        "attention_share": attention_share,
+        "bound_gflops": bound_gflops,
     }
 
 
@@ -503,6 +546,7 @@ def main() -> None:
                 row["peak_share"] = row["gflops"] / peak
             if "ceiling_gflops" in row:
                 row["ceiling_share"] = row["ceiling_gflops"] / peak
+                row["bound_share"] = row["bound_gflops"] / peak
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
             if "lm_eval_s" in row:
                 rounds = row["round_speedups"]
@@ -526,6 +570,8 @@ def main() -> None:
                 line += (
                     f" | its matrix products alone: {row['ceiling_gflops']:.1f} GFLOP/s = {100 * row['ceiling_share']:.0f}% of peak"
                     f" (softeval at {100 * row['gflops'] / row['ceiling_gflops']:.0f}% of that)"
+                    f" | attention {100 * row['attention_share']:.0f}% of softeval's time; products alone and attention:"
+                    f" {row['bound_gflops']:.1f} GFLOP/s = {100 * row['bound_share']:.0f}% of peak"
                 )
             print(line, flush=True)
         report += rows
