@@ -687,6 +687,38 @@ def test_short_rows_do_not_decode_in_a_long_rows_pool(tiny_lm, monkeypatch):
     assert any(len(rows) == 4 for rows, _ in pools)  # the short rows still share pools
 
 
+def test_a_pool_no_queued_prompt_may_join_runs_drafts(tiny_lm, monkeypatch):
+    """While the queued prompts are too narrow to join it, a long row's pool decodes as if the
+    queue were drained: its steps run drafts, and the completions stay greedy decoding's."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS]
+    prompts.insert(1, _long_prompt(tiny_lm))
+    _oracle_drafts(monkeypatch, tiny_lm, prompts, 10)
+    step = _Decoder.step
+    steps: list[tuple[list[int], bool, int]] = []  # live rows, drafts on, rows finished
+
+    def recording(self, pool, advance, speculate=False):
+        finished = sum(r is not None for r in self.results)
+        steps.append(([row for row in pool.rows if row is not None], speculate, finished))
+        return step(self, pool, advance, speculate)
+
+    monkeypatch.setattr(_Decoder, "step", recording)
+    completions = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=10)
+    assert [c.tokens for c in completions] == [_greedy_until_eos(tiny_lm, p, 10) for p in prompts]
+    long_steps = [(speculate, finished) for rows, speculate, finished in steps if 1 in rows]
+    assert long_steps and all(speculate for speculate, _ in long_steps)
+    assert all(finished == 0 for _, finished in long_steps)  # the short prompts were still queued
+
+
+def test_a_long_row_that_ends_at_its_first_token_leaves_no_empty_pool(tiny_lm, monkeypatch):
+    """Rows that end at their first token leave their pool empty; a pool the next queued prompt
+    may not join is dropped, and the short prompts get one of their own."""
+    prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 2]
+    prompts.insert(3, _long_prompt(tiny_lm))
+    alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, ["\x00never"], max_new_tokens=1)
+    completions = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=1)
+    assert [c.tokens for c in completions] == [c.tokens for c in alone]
+
+
 @pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcapped"])
 def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, softcap):
     """Slice by slice, the LM head picks what the argmax of its full logits picks, the first

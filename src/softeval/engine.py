@@ -45,8 +45,8 @@ DECODE_ROWS = 128
 # prompt among short ARC-Easy prompts had 15 short rows each write 4,500 columns of zeros (30%
 # more time than one row at a time); a long generation would read them at every step.
 POOL_WIDTH_RATIO = 4
-# Rows join a pool once this share of its slots are idle (and once the queue is drained, the idle
-# slots are dropped): each joining batch is one more forward pass (a read of the weights), each
+# Rows join a pool once this share of its slots are idle (and once no queued prompt may join it,
+# the idle slots are dropped): each joining batch is one more forward pass (a read of the weights), each
 # idle slot a wasted row at every decode step.
 JOIN_SHARE = 1 / 16
 # Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token,
@@ -74,8 +74,10 @@ MAX_DRAFT = 15
 RESYNC_CONTEXT = 8
 # Vocabulary entries per product when choosing greedy tokens: a slice of the LM head and its
 # logits stay in cache, where the whole (rows x 262k for Gemma) would go through memory; on this
-# project's CPU that took 25-40% off the head's time at 8 to 256 rows.
-VOCAB_CHUNK = 2048
+# project's CPU that took 25-40% off the head's time at 8 to 256 rows. Slices of 8,192 rather
+# than 2,048 entries make 4x fewer, larger products: Gemma's head on 51 rows took 98 ms instead
+# of 123, and its 200 GSM8K generations 39.0 and 40.1 s instead of 41.4 and 42.6.
+VOCAB_CHUNK = 8192
 
 
 @dataclass
@@ -178,34 +180,41 @@ class Engine:
         straight into the freed slots, so each decode step, bound by reading the weights whatever
         the rows, serves a nearly full pool until the queue drains; from then on, freed slots are
         dropped. Steps then also verify draft tokens (see `_Decoder`), which take the last rows
-        several tokens a step."""
+        several tokens a step. A prompt much narrower than the pool (POOL_WIDTH_RATIO) waits for
+        a pool of its own: until then the pool decodes as if the queue were drained."""
         prefix = self._encode_prefix(prompts, within_window=None) if self.prefix_apart else None
         decoder = _Decoder(self, prompts, stop, max_new_tokens, prefix)
         room = min(DECODE_ROOM, max_new_tokens)
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: _Pool | None = None
         while queue or pool is not None:
+            if pool is not None:
+                # columns no row attends to any more, left of every row, are not read again (nor
+                # written for rows that join); queued prompts still fit in what is kept
+                pool.trim(keep=self._own_width(prompts[queue[0]], prefix) if queue else 0)
             arrivals = self._arrivals(pool, queue, prompts, prefix, max_new_tokens, room)
-            speculate = self.speculates and not queue
+            # whether the next queued prompt may join the pool (the one the arrivals make, if none)
+            width = pool.width if pool is not None else max(self._own_width(prompts[i], prefix) for batch in arrivals for i in batch)
+            joins = bool(queue) and _fits(width, self._own_width(prompts[queue[0]], prefix), max_new_tokens)
+            # drafts run once no queued prompt may join the pool: the queue is drained, or the next
+            # prompt is too narrow for it
+            speculate = self.speculates and not joins
             # a step takes one column, or with drafts up to 1 + MAX_DRAFT (a smaller room caps them)
             needed = 1 + MAX_DRAFT if speculate and room > 1 + MAX_DRAFT else 1
-            if arrivals:  # drafts begin once the queue is drained, so the pool has no holes yet
+            if arrivals:
                 pool = self._admit(pool, arrivals, prompts, prefix, room, needed)
                 decoder.record(pool, advance, rows={i for batch in arrivals for i in batch})
                 if not pool.live or (queue and self._joinable(pool)):
-                    # rows that ended at their first token freed their slots again: more join first
-                    if not pool.live and not queue:
+                    # rows that ended at their first token freed their slots again: more join
+                    # first, or a pool the next prompt may not join is done
+                    if not pool.live and not joins:
                         pool = None
                     continue
             elif self._wasteful(pool) or pool.room() < needed:
                 # drop rejected drafts' columns and make room; idle slots stay while rows may join
-                joins = self._next_joins(pool, queue, prompts, prefix, max_new_tokens)
                 pool = self._repack(pool, room, free=pool.idle if joins else 0)
-            elif self._joinable(pool) and not self._next_joins(pool, queue, prompts, prefix, max_new_tokens):
+            elif self._joinable(pool) and not joins:
                 pool.compact()  # no row will join: drop the idle slots
-            # columns no row attends to any more, left of every row, are not read again; queued
-            # prompts still fit in what is kept
-            pool.trim(keep=self._own_width(prompts[queue[0]], prefix) if queue else 0)
             pool = decoder.step(pool, advance, speculate=speculate)
         return decoder.results  # type: ignore[return-value]
 
@@ -255,12 +264,6 @@ class Engine:
             queue.popleft()
         return _batches(arrivals, widths, free, self.token_budget)
 
-    def _next_joins(
-        self, pool: _Pool, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, max_new_tokens: int
-    ) -> bool:
-        """Whether the next queued prompt may join this pool once it has idle slots."""
-        return bool(queue) and _fits(pool.width, self._own_width(prompts[queue[0]], prefix), max_new_tokens)
-
     @staticmethod
     def _joinable(pool: _Pool) -> bool:
         """Whether enough of a pool's slots are idle for rows to join it."""
@@ -270,12 +273,13 @@ class Engine:
         self, pool: _Pool | None, batches: list[list[int]], prompts: Sequence[list[int]], prefix: SharedPrefix | None, room: int, needed: int
     ) -> _Pool:
         """The pool with the prompts of `batches` encoded into its idle slots. A pool with too few
-        idle slots, narrower than a joining prompt or with less room than the next step needs is
-        first repacked into a new buffer with slots for them (and the first batches make one).
-        Joining rows are written where they will decode: the rows already decoding stay put."""
+        idle slots, narrower than a joining prompt, with less room than the next step needs or
+        with the holes of rejected drafts is first repacked into a new buffer with slots for them
+        (and the first batches make one). Joining rows are written where they will decode: the
+        rows already decoding stay put."""
         widths = [max(self._own_width(prompts[i], prefix) for i in batch) for batch in batches]
         joining = sum(map(len, batches))
-        if pool is None or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
+        if pool is None or pool.holes or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
             pool = self._repack(pool, room, free=joining, width=max(widths))
         idle = iter([slot for slot, row in enumerate(pool.rows) if row is None])
         slots = [[next(idle) for _ in batch] for batch in batches]
@@ -608,7 +612,7 @@ class _Pool:
         return len(self.rows) - self.live
 
     def _live_mask(self) -> torch.Tensor:
-        live = torch.tensor([row is not None for row in self.rows], device=self.mask.device)
+        live = torch.tensor([row is not None for row in self.rows], dtype=torch.bool, device=self.mask.device)
         return self.mask[live]
 
     def span(self) -> int:
