@@ -63,10 +63,10 @@ KV_CACHE_BYTES_MAX = 64 << 30
 # repacked again with new room. Most rows stop long before the token limit, and reserving the
 # whole limit for every row would write (and page in) memory that is never used.
 DECODE_ROOM = 64
-# Speculation once the queue is drained: a decode step also runs draft tokens taken from each
-# row's own text, and greedily keeps those the model itself would have chosen. A step of a
-# few rows is bound by reading the weights, so a few more positions cost little, and the
-# rows still running then (often repeating themselves) take several tokens per step. Drafts
+# Speculation once no queued prompt may join the pool: a decode step also runs draft tokens
+# taken from each row's own text, and greedily keeps those the model itself would have chosen.
+# A step of a few rows is bound by reading the weights, so a few more positions cost little, and
+# the rows still running then (often repeating themselves) take several tokens per step. Drafts
 # are added while rows x (1 + drafts) stays within DRAFT_POSITIONS.
 DRAFT_POSITIONS = 64
 MAX_DRAFT = 15
