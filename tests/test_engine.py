@@ -662,6 +662,22 @@ def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
     assert max(forwards) <= 256  # prefills and option batches alike
 
 
+def _record_steps(monkeypatch) -> list[SimpleNamespace]:
+    """At every decode step of any engine: the live rows, the pool's width, whether drafts run
+    and how many rows have finished."""
+    seen: list[SimpleNamespace] = []
+    step = _Decoder.step
+
+    def recording(self, pool, advance, speculate=False):
+        rows = [row for row in pool.rows if row is not None]
+        finished = sum(r is not None for r in self.results)
+        seen.append(SimpleNamespace(rows=rows, width=pool.width, speculate=speculate, finished=finished))
+        return step(self, pool, advance, speculate)
+
+    monkeypatch.setattr(_Decoder, "step", recording)
+    return seen
+
+
 def test_short_rows_do_not_decode_in_a_long_rows_pool(tiny_lm, monkeypatch):
     """Every row of a pool holds the pool's width: short prompts wait for a pool of their own
     rather than join one many times as wide as they can ever grow (POOL_WIDTH_RATIO), and decode
@@ -669,22 +685,15 @@ def test_short_rows_do_not_decode_in_a_long_rows_pool(tiny_lm, monkeypatch):
     prompts = [prompt_ids(tiny_lm, t) for t in TEXTS * 2]
     prompts.insert(3, _long_prompt(tiny_lm))
     alone = _one_at_a_time(monkeypatch, tiny_lm, prompts, ["\x00never"], max_new_tokens=8)
-    step = _Decoder.step
-    pools: list[tuple[list[int], int]] = []  # live rows and width at every decode step
-
-    def recording(self, pool, advance, speculate=False):
-        pools.append(([row for row in pool.rows if row is not None], pool.width))
-        return step(self, pool, advance, speculate)
-
-    monkeypatch.setattr(_Decoder, "step", recording)
+    steps = _record_steps(monkeypatch)
     completions = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=8)
     assert [c.tokens for c in completions] == [c.tokens for c in alone]
     own = {i: len(p) + 8 for i, p in enumerate(prompts)}  # the most columns each row can take
     assert 4 * max(own[i] for i in range(len(prompts)) if i != 3) < own[3]  # no short row fits with it
-    with_long = [rows for rows, _ in pools if 3 in rows]
+    with_long = [step.rows for step in steps if 3 in step.rows]
     assert with_long and all(rows == [3] for rows in with_long)
-    assert all(width <= engine_module.POOL_WIDTH_RATIO * min(own[i] for i in rows) + 8 for rows, width in pools)
-    assert any(len(rows) == 4 for rows, _ in pools)  # the short rows still share pools
+    assert all(step.width <= engine_module.POOL_WIDTH_RATIO * min(own[i] for i in step.rows) + 8 for step in steps)
+    assert any(len(step.rows) == 4 for step in steps)  # the short rows still share pools
 
 
 def test_a_pool_no_queued_prompt_may_join_runs_drafts(tiny_lm, monkeypatch):
@@ -693,20 +702,12 @@ def test_a_pool_no_queued_prompt_may_join_runs_drafts(tiny_lm, monkeypatch):
     prompts = [prompt_ids(tiny_lm, t) for t in TEXTS]
     prompts.insert(1, _long_prompt(tiny_lm))
     _oracle_drafts(monkeypatch, tiny_lm, prompts, 10)
-    step = _Decoder.step
-    steps: list[tuple[list[int], bool, int]] = []  # live rows, drafts on, rows finished
-
-    def recording(self, pool, advance, speculate=False):
-        finished = sum(r is not None for r in self.results)
-        steps.append(([row for row in pool.rows if row is not None], speculate, finished))
-        return step(self, pool, advance, speculate)
-
-    monkeypatch.setattr(_Decoder, "step", recording)
+    steps = _record_steps(monkeypatch)
     completions = Engine(tiny_lm, batch_size=4).generate(prompts, stop=["\x00never"], max_new_tokens=10)
     assert [c.tokens for c in completions] == [_greedy_until_eos(tiny_lm, p, 10) for p in prompts]
-    long_steps = [(speculate, finished) for rows, speculate, finished in steps if 1 in rows]
-    assert long_steps and all(speculate for speculate, _ in long_steps)
-    assert all(finished == 0 for _, finished in long_steps)  # the short prompts were still queued
+    long_steps = [step for step in steps if 1 in step.rows]
+    assert long_steps and all(step.speculate for step in long_steps)
+    assert all(step.finished == 0 for step in long_steps)  # the short prompts were still queued
 
 
 def test_a_long_row_that_ends_at_its_first_token_leaves_no_empty_pool(tiny_lm, monkeypatch):

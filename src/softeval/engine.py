@@ -46,8 +46,8 @@ DECODE_ROWS = 128
 # more time than one row at a time); a long generation would read them at every step.
 POOL_WIDTH_RATIO = 4
 # Rows join a pool once this share of its slots are idle (and once no queued prompt may join it,
-# the idle slots are dropped): each joining batch is one more forward pass (a read of the weights), each
-# idle slot a wasted row at every decode step.
+# the idle slots are dropped): each joining batch is one more forward pass (a read of the
+# weights), each idle slot a wasted row at every decode step.
 JOIN_SHARE = 1 / 16
 # Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token,
 # as if every row ran to the token limit): this share of the memory free when the engine starts
@@ -234,8 +234,7 @@ class Engine:
         return 4 * (span - pool.longest()) > span
 
     def _arrivals(
-        self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, max_new_tokens: int,
-        room: int,
+        self, pool: _Pool | None, queue: deque[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None, max_new_tokens: int, room: int
     ) -> list[list[int]]:
         """Prefill batches of the prompts that join the pool now, taken from the queue. The first
         batches make the pool: as many rows as the KV budget holds (rows x (widest prompt's own
