@@ -30,6 +30,13 @@ the padding bounded) and with it, against batch size 1. The long prompt decodes 
 own: short rows do not join a pool many times as wide as they can grow (the engine's
 POOL_WIDTH_RATIO), where every row would hold the pool's width.
 
+The part `paths` (not run by default, and without lm-evaluation-harness) runs the fast path beside
+the reference path (the model's own forward, one sequence at a time: where the self-check sends a
+model the fast path does not serve) on the same ARC-Easy option scoring and GSM8K generation
+rows, checks that they agree (option log-likelihoods within 1e-3 nats, identical greedy tokens)
+and prints the ratio; and it times the self-check that chooses between them, from a fresh verdict
+each time (--checks times, the first in the process included).
+
 The part `protocol` (not run by default) runs the method's protocol for each model through the
 CLI: `softeval run` on the full ARC-Easy test split and 1,000 TriviaQA validation rows with
 zero-shot, few-shot and a soft prompt tuned for 120 steps; it prints the wall time of each stage
@@ -38,6 +45,7 @@ and in total, and the peak resident memory.
     python benchmarks/throughput.py --data-dir ../shared/benchmarks [--models ...] [--threads 2]
     python benchmarks/throughput.py --data-dir ../shared/benchmarks --models smollm2-135m-instruct --parts protocol
     python benchmarks/throughput.py --data-dir ../shared/benchmarks --parts long --long-cap 4608
+    python benchmarks/throughput.py --data-dir ../shared/benchmarks --parts paths --paths-mc-rows 100 --paths-gen-rows 20
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ from softeval.engine import Engine, _argmax_by_vocab_chunks  # noqa: E402
 from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
 from softeval.prompts import PromptBuilder, choose_demos, tuning_target  # noqa: E402
+from softeval.reference import ReferenceEngine  # noqa: E402
+from softeval.selfcheck import check_model, forget_verdicts  # noqa: E402
 from softeval.tune import TuneConfig, Tuner  # noqa: E402
 
 MC_TASK = """\
@@ -166,7 +176,7 @@ class MatmulCeiling:
     def _time(self, part: str, rows: int, engine: Engine) -> float:
         hidden = torch.randn(rows, self.lm.model.get_input_embeddings().weight.shape[1])
         if part == "head":
-            run = lambda: _argmax_by_vocab_chunks(hidden, self.lm.model.get_output_embeddings(), engine.softcap)  # noqa: E731
+            run = lambda: _argmax_by_vocab_chunks(hidden, self.lm.model.get_output_embeddings(), engine.transform)  # noqa: E731
         else:
             inputs = {m.in_features: torch.randn(rows, m.in_features) for m in self.linears}
             run = lambda: [m(inputs[m.in_features]) for m in self.linears]  # noqa: E731
@@ -450,6 +460,47 @@ def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, fl
 PROTOCOL_METHODS = "zero-shot,few-shot,soft-prompt"
 
 
+def bench_self_check(lm, runs: int) -> dict:
+    """The self-check's wall time, from a fresh verdict each run (the first run of the process
+    pays the first forward passes' warm-up, as a command's first engine does)."""
+    seconds = []
+    for _ in range(runs):
+        forget_verdicts(lm.model)
+        start = time.perf_counter()
+        verdict = check_model(lm)
+        seconds.append(time.perf_counter() - start)
+    figures = ", ".join(f"{k} {v:.1e}" for k, v in verdict.figures.items() if k != "greedy_tokens")
+    return {"mode": "self-check", "softeval_s": statistics.median(seconds), "runs_s": seconds, "path": verdict.path, "figures": figures}
+
+
+def bench_paths(lm, data_dir: Path, mc_rows: int, gen_rows: int) -> list[dict]:
+    """The fast path and the reference path on the same rows: ARC-Easy option scoring and GSM8K
+    generation (256 new tokens at most)."""
+    spec = load_task("arc_easy")
+    builder = PromptBuilder(spec, lm)
+    clozes = [builder.cloze(e) for e in load_examples(spec, "test", data_dir)[:mc_rows]]
+    (fast_s, fast), (reference_s, reference) = (_timed_result(lambda: engine.loglikelihood(clozes)) for engine in (Engine(lm), ReferenceEngine(lm)))
+    worst = max(abs(a - b) for x, y in zip(fast, reference) for a, b in zip(x, y))
+    rows = [{"mode": "paths mc-loglikelihood arc_easy", "rows": mc_rows, "softeval_s": fast_s, "reference_s": reference_s,
+             "agreement": f"largest difference {worst:.1e} nats", "agree_ok": worst < 1e-3}]
+    spec = load_task("gsm8k")
+    builder = PromptBuilder(spec, lm, reserve=spec.max_new_tokens)
+    prompts = [builder.generation(e).ids for e in load_examples(spec, spec.dataset.eval_split, data_dir)[:gen_rows]]
+    (fast_s, fast), (reference_s, reference) = (
+        _timed_result(lambda: engine.generate(prompts, spec.stop, spec.max_new_tokens)) for engine in (Engine(lm), ReferenceEngine(lm))
+    )
+    same = sum(a.tokens == b.tokens for a, b in zip(fast, reference)) / len(prompts)
+    rows.append({"mode": "paths generation gsm8k", "rows": gen_rows, "softeval_s": fast_s, "reference_s": reference_s,
+                 "agreement": f"identical {100 * same:.1f}%", "agree_ok": same == 1.0})
+    return rows
+
+
+def _timed_result(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
 def bench_protocol(name: str, data_dir: Path, steps: int, trivia_rows: int, arc_rows: int | None = None) -> dict:
     """The method's protocol for one model, as a user runs it: `softeval run` on the full ARC-Easy
     test split and on `trivia_rows` TriviaQA validation rows, zero-shot, few-shot and a soft prompt
@@ -504,6 +555,9 @@ def main() -> None:
     parser.add_argument("--fewshot-rows", type=int, default=50, help="rows of the few-shot part (GSM8K, 5 demonstrations)")
     parser.add_argument("--long-rows", type=int, default=30)
     parser.add_argument("--long-cap", type=int, default=None, help="tokens of the long prompt (default: the context length)")
+    parser.add_argument("--paths-mc-rows", type=int, default=100)
+    parser.add_argument("--paths-gen-rows", type=int, default=20)
+    parser.add_argument("--checks", type=int, default=3, help="self-check runs of the paths part")
     parser.add_argument("--protocol-steps", type=int, default=120)
     parser.add_argument("--protocol-trivia-rows", type=int, default=1000)
     parser.add_argument("--protocol-arc-rows", type=int, default=None, help="default: the full test split")
@@ -533,6 +587,9 @@ def main() -> None:
             rows.append(bench_tuning(lm, str(args.data_dir), 8, 10, 5, flops, peak))
         if "long" in parts:
             rows.append(bench_long_prompt(lm, args.data_dir, args.long_rows, args.long_cap, args.batch_size or 16, flops, peak))
+        if "paths" in parts:
+            rows.append(bench_self_check(lm, args.checks))
+            rows += bench_paths(lm, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
         if "protocol" in parts:
             del lm  # the runs load the model themselves
             rows.append(bench_protocol(name, args.data_dir, args.protocol_steps, args.protocol_trivia_rows, args.protocol_arc_rows))
@@ -548,6 +605,11 @@ def main() -> None:
                 row["ceiling_share"] = row["ceiling_gflops"] / peak
                 row["bound_share"] = row["bound_gflops"] / peak
             line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
+            if "runs_s" in row:
+                line += f" (runs {', '.join(f'{s:.2f}' for s in row['runs_s'])} s) | {row['path']} path | {row['figures']}"
+            if "reference_s" in row:
+                line += (f" | reference path {row['reference_s']:8.2f} s | {row['reference_s'] / row['softeval_s']:.2f}x the time"
+                         f" | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]")
             if "lm_eval_s" in row:
                 rounds = row["round_speedups"]
                 each = f" (rounds {', '.join(f'{r:.2f}x' for r in rounds)})" if len(rounds) > 1 else ""
@@ -564,7 +626,7 @@ def main() -> None:
             if "stages_s" in row:
                 line += f" | rows {row['rows']} | peak RSS {row['peak_rss_gb']:.2f} GB"
                 line += "".join(f"\n    {stage:48s} {seconds:8.1f} s" for stage, seconds in row["stages_s"].items())
-            else:
+            elif "gflops" in row:
                 line += f" | {row['gflops']:.1f} GFLOP/s = {100 * row['peak_share']:.0f}% of peak"
             if "ceiling_gflops" in row:
                 line += (

@@ -12,6 +12,7 @@ from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_logl
 import softeval.engine as engine_module
 from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder, _kv_bytes_per_token, kv_cache_budget
 from softeval.errors import SoftevalError
+from softeval.logits import LogitTransform
 from softeval.models import load_model
 from softeval.prompts import Cloze
 from softeval.task import load_task
@@ -221,7 +222,7 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
         pool = step(step(pool))
         # rows 3 and 1 give up their slots 0 and 2 after two tokens, to start again later
         for slot in (0, 2):
-            decoder.texts[pool.rows[slot]] = engine_module._TextStream(tiny_lm.tokenizer, ["\x00never"])
+            decoder.texts[pool.rows[slot]] = engine_module.TextStream(tiny_lm.tokenizer, ["\x00never"])
             pool.rows[slot] = None
         pool = admit(pool, [1, 2])  # scattered slots
         assert pool.rows == [1, 0, 2]
@@ -534,7 +535,7 @@ def test_streamed_text_is_the_decoding_of_all_tokens(tokenizer_dirs):
 
     from transformers import AutoTokenizer
 
-    from softeval.engine import _first_stop, _TextStream
+    from softeval.engine import _first_stop, TextStream
 
     rng = random.Random(0)
     for folder in tokenizer_dirs.values():
@@ -542,7 +543,7 @@ def test_streamed_text_is_the_decoding_of_all_tokens(tokenizer_dirs):
         pieces = tokenizer.encode("Paris\n\nQuestion: 42 café — 東京 😀 x=1.5", add_special_tokens=False)
         pool = pieces + list(tokenizer.all_special_ids) + [rng.randrange(len(tokenizer)) for _ in range(50)]
         for _ in range(40):
-            stream = _TextStream(tokenizer, ["\n\n", "Question:"])
+            stream = TextStream(tokenizer, ["\n\n", "Question:"])
             for _ in range(60):
                 stopped = stream.append(rng.choice(pool))
                 full = tokenizer.decode(stream.tokens, skip_special_tokens=True)
@@ -720,8 +721,9 @@ def test_a_long_row_that_ends_at_its_first_token_leaves_no_empty_pool(tiny_lm, m
     assert [c.tokens for c in completions] == [c.tokens for c in alone]
 
 
-@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcapped"])
-def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, softcap):
+@pytest.mark.parametrize("transform", [LogitTransform(), LogitTransform(softcap=2.0), LogitTransform(scale=0.25, softcap=2.0)],
+                         ids=["plain", "softcapped", "scaled-and-softcapped"])
+def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, transform):
     """Slice by slice, the LM head picks what the argmax of its full logits picks, the first
     index among equal logits included (here across slices, and where a softcap saturates)."""
     from softeval.engine import _argmax_by_vocab_chunks
@@ -733,9 +735,9 @@ def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, sof
         head.weight[40] = head.weight[3]  # equal logits in two slices
         head.bias[40] = head.bias[3]
     hidden = torch.cat([torch.randn(6, 8), torch.zeros(1, 8), 100 * head.weight[3:4]])
-    logits = head(hidden)
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
+    logits = head(hidden) * transform.scale
+    if transform.softcap:
+        logits = torch.tanh(logits / transform.softcap) * transform.softcap
     expected = logits.argmax(-1)
-    assert _argmax_by_vocab_chunks(hidden, head, softcap).tolist() == expected.tolist()
+    assert _argmax_by_vocab_chunks(hidden, head, transform).tolist() == expected.tolist()
     assert expected[-1] == 3  # the tie went to the first

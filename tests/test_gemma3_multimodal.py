@@ -1,5 +1,10 @@
 """Gemma 3 checkpoints of 4B and up load as the multimodal Gemma3ForConditionalGeneration, whose
-config keeps the text settings (sliding window, context length, logit softcap) under text_config."""
+config keeps the text settings (sliding window, context length, logit softcap) under text_config.
+
+Its forward does not apply the text config's final softcap (Gemma3ForCausalLM's does). Released
+checkpoints set none; here one is set, so the fast path, which applies it, computes other logits
+than the model's own forward: the self-check sends the model to the reference path, whose scores
+are the model's own. (Without a softcap it runs fast: see the conformance suite.)"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGenera
 from softeval.engine import Engine
 from softeval.models import load_model
 from softeval.prompts import Cloze
+from softeval.reference import ReferenceEngine
+from softeval.selfcheck import check_model, start_engine
 
 WINDOW, CONTEXT, SOFTCAP = 32, 256, 10.0
 NEW_TOKENS = 10
@@ -34,10 +41,8 @@ def multimodal_lm(tokenizer_dirs, tmp_path_factory):
 
 
 def _reference_logits(lm, ids: list[int]) -> torch.Tensor:
-    """Full forward without cache. Gemma3ForConditionalGeneration.forward does not softcap its
-    logits (Gemma3ForCausalLM.forward does), so the text config's softcap is applied here."""
-    logits = lm.model(torch.tensor([ids])).logits[0].float()
-    return torch.tanh(logits / SOFTCAP) * SOFTCAP
+    """The model's own full forward without cache."""
+    return lm.model(torch.tensor([ids])).logits[0].float()
 
 
 def test_text_settings_come_from_the_text_config(multimodal_lm):
@@ -45,7 +50,14 @@ def test_text_settings_come_from_the_text_config(multimodal_lm):
     assert multimodal_lm.context_length == CONTEXT
     engine = Engine(multimodal_lm)
     assert engine.window == WINDOW
-    assert engine.softcap == SOFTCAP
+    assert engine.transform.softcap == SOFTCAP
+
+
+def test_a_softcap_its_forward_does_not_apply_sends_it_to_the_reference_path(multimodal_lm):
+    verdict = check_model(multimodal_lm)
+    assert verdict.path == "reference"
+    assert verdict.reason.startswith("the fast path's next-token log-probabilities differ from the model's own forward")
+    assert isinstance(start_engine(multimodal_lm), ReferenceEngine)
 
 
 def test_generation_matches_uncached_reference(multimodal_lm):
@@ -59,7 +71,7 @@ def test_generation_matches_uncached_reference(multimodal_lm):
             for _ in range(NEW_TOKENS):
                 seq.append(int(_reference_logits(lm, seq)[-1].argmax()))
             expected.append(seq[len(p) :])
-    completions = Engine(lm, batch_size=2).generate(prompts, stop=["\x00never"], max_new_tokens=NEW_TOKENS)
+    completions = start_engine(lm, batch_size=2).generate(prompts, stop=["\x00never"], max_new_tokens=NEW_TOKENS)
     for completion, tokens in zip(completions, expected):
         eos = [i for i, t in enumerate(tokens) if t in lm.eos_token_ids]
         tokens = tokens[: eos[0]] if eos else tokens
@@ -73,7 +85,7 @@ def test_loglikelihood_matches_full_forward(multimodal_lm, prefix):
         Cloze(prompt_ids(lm, prefix + TEXTS[0]), [lm.encode(" carbon dioxide"), lm.encode(" oxygen"), lm.encode(" x")]),
         Cloze(prompt_ids(lm, prefix + TEXTS[3]), [lm.encode(" yes"), lm.encode(" no, not at all really")]),
     ]
-    got = Engine(lm, batch_size=2, logits_chunk=3).loglikelihood(clozes)
+    got = start_engine(lm, batch_size=2).loglikelihood(clozes)
     with torch.no_grad():
         expected = []
         for c in clozes:

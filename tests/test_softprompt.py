@@ -215,7 +215,7 @@ def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeyp
             enumerate(["France", "the Italian Republic of the south", "a very long-named country far away", "Spain", "Portugal"])]
     spec = load_task(write_user_task(tmp_path, rows, target=" {{ letter }}. {{ choices[gold] }}"))
     module = importlib.import_module("softeval.tune")  # the module, not the function softeval exports
-    monkeypatch.setattr(module, "LOSS_CHUNK", 3)
+    monkeypatch.setattr(importlib.import_module("softeval.engine"), "LOSS_CHUNK", 3)
     monkeypatch.setattr(module, "TOKEN_BUDGET", 1)
     tuner = Tuner(tiny_lm, spec, TuneConfig(length=4, val_size=1))
     batch = tuner.train[:3]

@@ -143,15 +143,20 @@ TUNE = TuneConfig()  # the command line's tuning defaults are the library's
 
 def methods_list(values: list[str]) -> list[str]:
     """--method is repeatable and takes comma-separated lists: `--method zero-shot,few-shot`."""
-    methods = [m.strip() for value in values for m in value.split(",") if m.strip()]
+    methods = _split(values)
     if not methods:
         raise SoftevalError(f"--method: give at least one of {', '.join(METHODS)}")
     return methods
 
 
+def _split(values: list[str]) -> list[str]:
+    """A repeatable option that also takes comma-separated lists, as given."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
 # study settings whose command-line option is spelt otherwise
 OPTION_NAMES = {"methods": "--method", "models": "--model", "tasks": "--task", "tuning.batch_size": "--tune-batch-size",
-                "tuning.lr": "--lr", "lora.rank": "--lora-rank", "lora.lr": "--lora-lr"}
+                "tuning.lr": "--lr", "lora.rank": "--lora-rank", "lora.lr": "--lora-lr", "lora.targets": "--lora-targets"}
 
 
 def validated(model: type, option_names: dict[str, str] | None = None, **values):
@@ -230,6 +235,7 @@ def run_command(
     length: Annotated[int, typer.Option(min=1, help="Soft-prompt vectors (L).")] = TUNE.length,
     lora_rank: Annotated[int, typer.Option(min=1, help="LoRA rank.")] = LoraSettings().rank,
     lora_lr: Annotated[float, typer.Option(help="LoRA learning rate.")] = LoraSettings().lr,
+    lora_targets: Annotated[list[str] | None, typer.Option(help="LoRA target modules; repeatable or comma-separated (default: each model's attention projections).")] = None,
     eval_every: Annotated[int, typer.Option(min=1, help="Validate and checkpoint every E tuning steps.")] = TUNE.eval_every,
     val_size: Annotated[int, typer.Option(min=1, help="Validation rows scored during tuning.")] = TUNE.val_size,
     sweep_grid: Annotated[bool, typer.Option("--sweep", help="Pick the soft prompt's lr and init from a small grid first.")] = False,
@@ -246,7 +252,7 @@ def run_command(
         Study, models=[{"model": m} for m in model], tasks=task, methods=methods_list(method), chat=chat, k=k, limit=limit,
         seed=seed, batch_size=batch_size, sweep=sweep_grid, sweep_steps=sweep_steps,
         tuning={"steps": steps, "batch_size": tune_batch_size, "lr": lr, "length": length, "eval_every": eval_every, "val_size": val_size},
-        lora={"rank": lora_rank, "lr": lora_lr},
+        lora={"rank": lora_rank, "lr": lora_lr, "targets": _split(lora_targets) if lora_targets else None},
     )
     finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
 

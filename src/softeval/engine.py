@@ -1,9 +1,12 @@
-"""Inference engine over a frozen HF causal LM: batched greedy generation and option loglikelihoods.
+"""The fast path: batched greedy generation, option loglikelihoods and the tuning loss over a
+frozen HF causal LM, computed outside the model's own forward.
 
-Both paths left-pad a batch and give every row explicit position ids (counted from its own first
-token), so a row's result does not depend on what else is in its batch. Vocabulary logits are computed only
-where a token is chosen or scored: the LM head over a large vocabulary at every position would
-otherwise dominate small models.
+Every path left-pads a batch and gives every row explicit position ids (counted from its own first
+token), so a row's result does not depend on what else is in its batch. Vocabulary logits are
+computed only where a token is chosen or scored: the LM head over a large vocabulary at every
+position would otherwise dominate small models. Because all this runs the model's decoder and head
+apart, an engine serves a model only once `softeval.selfcheck` has measured that it computes what
+the model's own forward does (`start_engine`); other models run on `softeval.reference`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from dataclasses import dataclass
 
 import psutil
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from softeval.attention import PrefixKeys, stacked_gqa
 from softeval.errors import SoftevalError
+from softeval.logits import LogitTransform
 from softeval.memory import kept_free_bytes
 from softeval.models import LoadedModel
 from softeval.prompts import Cloze
@@ -72,6 +77,8 @@ DRAFT_POSITIONS = 64
 MAX_DRAFT = 15
 # tokens decoded again as context after the decoding of earlier tokens changed
 RESYNC_CONTEXT = 8
+# Target positions of the tuning loss whose vocabulary logits are held at once.
+LOSS_CHUNK = 256
 # Vocabulary entries per product when choosing greedy tokens: a slice of the LM head and its
 # logits stay in cache, where the whole (rows x 262k for Gemma) would go through memory; on this
 # project's CPU that took 25-40% off the head's time at 8 to 256 rows. Slices of 8,192 rather
@@ -99,6 +106,8 @@ class Completion:
 
 
 class Engine:
+    path = "fast"
+
     def __init__(
         self,
         lm: LoadedModel,
@@ -143,8 +152,11 @@ class Engine:
             raise SoftevalError(
                 f"{lm.name}: attention implementation {self.attention!r} is not supported; load the model with 'sdpa' or 'eager'"
             )
-        softcap = getattr(self.text_config, "final_logit_softcapping", None)
-        self.softcap = float(softcap) if softcap else None
+        self.transform = LogitTransform.of(lm.model)
+        self.check: dict | None = None  # what the self-check measured, once `start_engine` made this engine
+        # called, where set, with the prompts joining a decoding pool and the logits their first
+        # tokens are chosen from: the self-check compares their log-probabilities
+        self.observe_admission: Callable[[list[int], torch.Tensor], None] | None = None
         # Generation keeps a shared prefix apart from the rows' caches when the engine's SDPA
         # function can attend to it: not with eager attention, capped attention scores (Gemma 2)
         # or sliding layers other than one window counted in positions (chunked attention).
@@ -286,7 +298,14 @@ class Engine:
         # One LM head pass for every joining row: the vocabulary projection reads a large matrix
         # (Gemma's 262k x 640, 0.7 GB in fp32) whatever the rows, so batches of a few rows each
         # would pay that read again and again.
-        next_tokens = self._greedy(torch.cat([hidden for *_, hidden in encoded])).split([len(batch) for batch in batches])
+        hidden = torch.cat([hidden for *_, hidden in encoded])
+        if self.observe_admission is None:
+            chosen = self._greedy(hidden)
+        else:  # the full logits, which the observer takes, choose the tokens too
+            logits = self.logits(hidden)
+            self.observe_admission([i for batch in batches for i in batch], logits)
+            chosen = logits.argmax(-1)
+        next_tokens = chosen.split([len(batch) for batch in batches])
         for into, batch, (mask, positions, _), tokens in zip(slots, batches, encoded, next_tokens):
             pool.take(into, batch, _pad_left(mask, pool.width), positions, tokens)
         return pool
@@ -317,6 +336,14 @@ class Engine:
         hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1].clone()
         write_back()
         return mask, positions[:, -1:], hidden
+
+    @torch.inference_mode()
+    def next_token_logprobs(self, prompts: Sequence[list[int]]) -> torch.Tensor:
+        """(prompts, vocabulary) log-probabilities of the token after each prompt, the prompts
+        encoded together, left-padded, as generation encodes prompts that share no prefix."""
+        embeds, mask, positions = self.inputs(list(prompts))
+        hidden = self._forward(embeds, mask, positions, DynamicCache(config=self.text_config))[:, -1]
+        return torch.log_softmax(self.logits(hidden), dim=-1)
 
     def _repack(self, pool: _Pool | None, room: int, free: int = 0, width: int = 0) -> _Pool:
         """A new buffer holding the live rows of `pool` (if any), then `free` idle slots for rows
@@ -468,6 +495,40 @@ class Engine:
         blocked = torch.finfo(self.model.dtype).min
         return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill(~allowed, blocked)
 
+    # --- tuning loss ------------------------------------------------------------------------------
+
+    def target_loss(self, sequences: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
+        """Summed cross-entropy of each target after its prompt (soft prompt included), one
+        left-padded batch; differentiable in the soft prompt and any adapter weights."""
+        targets = [target for _, target in sequences]
+        embeds, mask, positions = self.inputs([prompt + target for prompt, target in sequences])
+        hidden = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
+        width, device = hidden.shape[1], hidden.device
+        # the state at position i predicts token i + 1: for a target of n tokens at the right
+        # edge, the predictors are the n positions just before the last one
+        rows = torch.cat([torch.full((len(t),), r, device=device) for r, t in enumerate(targets)])
+        cols = torch.cat([torch.arange(width - len(t) - 1, width - 1, device=device) for t in targets])
+        gold = torch.tensor([tok for t in targets for tok in t], device=device)
+        return self._cross_entropy(hidden[rows, cols], gold)
+
+    def _cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of `gold` under the LM head, a chunk of positions at a time.
+
+        A long target times a 262k vocabulary would otherwise hold gigabytes of logits; under
+        autograd each chunk's logits are recomputed in the backward pass instead of kept, so memory
+        holds one chunk whatever the target length."""
+        total = states.new_zeros((), dtype=torch.float32)
+        for start in range(0, len(gold), LOSS_CHUNK):
+            chunk = (states[start : start + LOSS_CHUNK], gold[start : start + LOSS_CHUNK])
+            if torch.is_grad_enabled():
+                total = total + checkpoint(self._summed_cross_entropy, *chunk, use_reentrant=False)
+            else:
+                total = total + self._summed_cross_entropy(*chunk)
+        return total
+
+    def _summed_cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.logits(states), gold, reduction="sum")
+
     # --- shared pieces ------------------------------------------------------------------------------
 
     def _length_buckets(self, lengths: list[int]) -> list[list[int]]:
@@ -518,7 +579,7 @@ class Engine:
         is_soft = torch.zeros(len(sequences), width, dtype=torch.bool)
         for r, seq in enumerate(sequences):
             start = width - len(seq) - n_soft
-            n_head = 1 if bos is not None and seq and seq[0] == bos else 0
+            n_head = soft_prompt_at(seq, bos)
             ids[r, start : start + n_head] = torch.tensor(seq[:n_head], dtype=torch.long)
             ids[r, start + n_head + n_soft :] = torch.tensor(seq[n_head:], dtype=torch.long)
             is_soft[r, start + n_head : start + n_head + n_soft] = True
@@ -559,7 +620,7 @@ class Engine:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         self.logit_rows_computed += hidden.numel() // hidden.shape[-1]
-        return _softcapped(self.model.get_output_embeddings()(hidden).float(), self.softcap)
+        return self.transform(self.model.get_output_embeddings()(hidden).float())
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The likeliest token after each hidden state (rows, hidden): the LM head's argmax."""
@@ -571,7 +632,7 @@ class Engine:
         if not plain or self.device.type != "cpu":
             return torch.cat([self.logits(chunk).argmax(-1) for chunk in hidden.split(self.logits_chunk)])
         self.logit_rows_computed += hidden.shape[0]
-        return _argmax_by_vocab_chunks(hidden, head, self.softcap)
+        return _argmax_by_vocab_chunks(hidden, head, self.transform)
 
     def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) for each row, computing the vocabulary in chunks to bound memory."""
@@ -795,7 +856,7 @@ class _Decoder:
     ):
         self.engine, self.prompts, self.max_new_tokens, self.prefix = engine, prompts, max_new_tokens, prefix
         self.eos = set(engine.lm.eos_token_ids)
-        self.texts = [_TextStream(engine.lm.tokenizer, stop) for _ in prompts]
+        self.texts = [TextStream(engine.lm.tokenizer, stop) for _ in prompts]
         self.lookups: dict[int, _PromptLookup] = {}  # rows that have drafted
         self.results: list[Completion | None] = [None] * len(prompts)
 
@@ -822,14 +883,8 @@ class _Decoder:
 
     def _record(self, i: int, tokens: list[int]) -> bool:
         """Add tokens to row i's completion until it ends; whether it has."""
-        text = self.texts[i]
         for token in tokens:
-            if token in self.eos:
-                self.results[i] = text.completion("eos")
-            elif text.append(token):
-                self.results[i] = text.completion("stop")
-            elif len(text.tokens) >= self.max_new_tokens:
-                self.results[i] = text.completion("length")
+            self.results[i] = ended_by(self.texts[i], token, self.eos, self.max_new_tokens)
             if self.results[i] is not None:
                 return True
         return False
@@ -929,7 +984,7 @@ class _PromptLookup:
         return []
 
 
-class _TextStream:
+class TextStream:
     """One row's generated tokens and their text, decoded incrementally: each token decodes a
     few tokens of context, not the whole completion, and stop strings are looked for only where
     the new text could complete one.
@@ -978,6 +1033,18 @@ class _TextStream:
         return Completion(text if cut is None else text[:cut], self.tokens, reason, raw=text)
 
 
+def ended_by(text: TextStream, token: int, eos: set[int], max_new_tokens: int) -> Completion | None:
+    """Add a generated token to a completion; the completion if the token ends it (EOS, a stop
+    string, the token limit), else None."""
+    if token in eos:
+        return text.completion("eos")
+    if text.append(token):
+        return text.completion("stop")
+    if len(text.tokens) >= max_new_tokens:
+        return text.completion("length")
+    return None
+
+
 def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int) -> list[list[int]]:
     """`order` cut into consecutive batches of at most `batch_size` rows whose rows x widest row
     stays within `token_budget`, and whose padding costs at most PADDING_SLACK of their tokens;
@@ -999,25 +1066,24 @@ def _batches(order: list[int], widths: Sequence[int], batch_size: int, token_bud
     return batches
 
 
+def soft_prompt_at(sequence: list[int], bos: int | None) -> int:
+    """Where a soft prompt goes in a sequence: after its BOS token, if it starts with one."""
+    return 1 if bos is not None and sequence and sequence[0] == bos else 0
+
+
 def _fits(pool_width: int, own_width: int, max_new_tokens: int) -> bool:
     """Whether a prompt of `own_width` columns may decode in a pool `pool_width` columns wide."""
     return pool_width <= POOL_WIDTH_RATIO * (own_width + max_new_tokens)
 
 
-def _softcapped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Logits squashed into (-softcap, softcap), as Gemma 2 caps its final logits (None: as they are)."""
-    return torch.tanh(logits / softcap) * softcap if softcap else logits
-
-
-def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, softcap: float | None) -> torch.Tensor:
-    """`head(hidden).argmax(-1)` (soft-capped logits, the first index among equal ones), one
-    slice of the vocabulary at a time: each slice's best, then the first slice whose best is
-    the highest."""
+def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, transform: LogitTransform) -> torch.Tensor:
+    """`transform(head(hidden)).argmax(-1)` (the first index among equal ones), one slice of the
+    vocabulary at a time: each slice's best, then the first slice whose best is the highest."""
     values, indices = [], []
     for start in range(0, head.out_features, VOCAB_CHUNK):
         end = start + VOCAB_CHUNK
         bias = None if head.bias is None else head.bias[start:end]
-        logits = _softcapped(torch.nn.functional.linear(hidden, head.weight[start:end], bias).float(), softcap)
+        logits = transform(torch.nn.functional.linear(hidden, head.weight[start:end], bias).float())
         value, index = logits.max(-1)
         values.append(value)
         indices.append(index + start)

@@ -25,7 +25,9 @@ from softeval.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, s
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, choose_demos
+from softeval.reference import ReferenceEngine
 from softeval.results import EvalResult
+from softeval.selfcheck import start_engine
 from softeval.settings import METHODS, Method
 from softeval.softprompt import MODEL_KEYS, SoftPrompt, check_made_for
 from softeval.task import TaskSpec
@@ -87,7 +89,7 @@ def evaluate(
     builder = PromptBuilder(spec, lm, demos=demos, k=shots, chat=chat, reserve=spec.max_new_tokens + n_soft)
     applied = lora_applied(lm, adapter.peft_config(), adapter.weights) if adapter else nullcontext()
     with applied, progress_bars(progress) as bars:
-        engine = Engine(lm, batch_size=batch_size, soft_prompt=vectors)
+        engine = start_engine(lm, batch_size=batch_size, soft_prompt=vectors)
         samples, timings = run_examples(spec, examples, builder, engine, bars, f"{lm.name} {spec.name} {method}")
     n_truncated = sum(s.truncated for s in samples)
     if n_truncated:
@@ -123,6 +125,7 @@ def evaluate(
         versions=package_versions(),
         identity=cell_identity(lm, spec, method, chat=chat, k=shots, limit=limit, seed=seed, data_dir=data_dir, tuned=tuned),
         tuning=None if tuned is None else tuning_record(tuned),
+        engine=engine.check,
     )
 
 
@@ -218,7 +221,7 @@ def tuning_record(tuned: SoftPrompt | Adapter) -> dict:
 
 
 def run_examples(
-    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine, bars: Bars, label: str
+    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine | ReferenceEngine, bars: Bars, label: str
 ) -> tuple[list[Sample], dict[str, float]]:
     """Generate and score every example; returns the sample records and the time each stage took."""
     tick = time.perf_counter()

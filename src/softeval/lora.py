@@ -1,5 +1,11 @@
 """The LoRA baseline: low-rank adapters on the attention projections of a frozen model.
 
+The projections are found in the model itself (`default_targets`): the linear layers of each
+decoder layer's token mixer (its attention, or a state-space model's mixer), whatever the
+architecture names them (`q_proj`, GPT-2's `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's
+`qkv_proj`, Mamba's `in_proj`), so one study can tune LoRA on models of several families.
+Targets given in the settings replace them.
+
 An adapter is tuned exactly like a soft prompt (same tuning split, steps, batches, answer-only loss
 and validation curve; see `tune.py`) and evaluated by the same pipeline. PEFT injects its layers
 into the loaded model in place, so the engine runs the adapted model unchanged; `unload` puts the
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +36,68 @@ from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 
 WEIGHTS = "adapter_model.safetensors"
+# class names of the modules that mix tokens in a decoder layer: attention, or an SSM's mixer
+TOKEN_MIXER = re.compile(r"attention|attn|mixer", re.IGNORECASE)
+# PEFT refuses LoRA on a state-space mixer's output projection: Mamba's fused kernels read its
+# weight directly, past any adapter
+SSM_UNADAPTABLE = {"out_proj"}
+
+
+def default_targets(lm: LoadedModel) -> list[str]:
+    """The LoRA targets of a model: the linear layers directly inside each token mixer of its
+    text decoder that its forward calls (Mamba's reads `dt_proj`'s weight itself, past any
+    adapter), by their shortest names that reach no other layer (as PEFT matches names: the whole
+    name, or its end after a dot), in the order the model holds them."""
+    from transformers.pytorch_utils import Conv1D
+
+    model = lm.model
+    decoder = model.get_decoder()
+    prefix = next(name for name, module in model.named_modules() if module is decoder)
+    linear = (torch.nn.Linear, Conv1D)
+    mixers: list[str] = []
+    for name, module in decoder.named_modules():
+        outermost = not any(name.startswith(f"{outer}.") for outer in mixers)
+        # a module named like a mixer that holds no projection itself (Jamba's
+        # AttentionDecoderLayer) is a layer around one: its mixer lies further in
+        holds_projections = any(isinstance(child, linear) for child in module.children())
+        if name and outermost and holds_projections and TOKEN_MIXER.search(type(module).__name__):
+            mixers.append(name)
+    candidates = {}
+    for mixer in mixers:
+        state_space = "mixer" in type(decoder.get_submodule(mixer)).__name__.lower()
+        for child, layer in decoder.get_submodule(mixer).named_children():
+            if isinstance(layer, linear) and not (state_space and child in SSM_UNADAPTABLE):
+                candidates[f"{prefix}.{mixer}.{child}".lstrip(".")] = layer
+    projections = [name for name in candidates if name in _called(model, candidates)]
+    if not projections:
+        raise SoftevalError(f"{lm.name}: no attention or mixer projections found for LoRA; set lora targets to its layer names")
+    names = [name for name, _ in model.named_modules()]
+    return list(dict.fromkeys(_shortest_unique(projection, set(projections), names) for projection in projections))
+
+
+def _called(model, layers: dict[str, torch.nn.Module]) -> set[str]:
+    """Which of `layers` a forward pass of the model over one token calls."""
+    called: set[str] = set()
+    hooks = [layer.register_forward_hook(lambda *_, name=name: called.add(name)) for name, layer in layers.items()]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called
+
+
+def _shortest_unique(projection: str, projections: set[str], names: list[str]) -> str:
+    """The layer's own name, or its mixer's and its own (`attn.c_proj`), where that names only
+    layers in `projections`; else its full name (a vision tower's attention shares the names)."""
+    parts = projection.split(".")
+    for size in (1, 2):
+        ending = ".".join(parts[-size:])
+        reached = [name for name in names if name == ending or name.endswith(f".{ending}")]
+        if all(name in projections for name in reached):
+            return ending
+    return projection
 
 
 def lora_config(rank: int, alpha: int, targets: list[str]):
@@ -45,6 +114,8 @@ def peft_wrapped(model, config):
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        # GPT-2's projections are Conv1D layers, for which PEFT transposes the adapter itself
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False", category=UserWarning)
         return get_peft_model(model, config)
 
 
@@ -117,7 +188,9 @@ class Adapter:
         """Rank, alpha and targets as the weights file's own metadata records them (the file is
         written last, so these always belong to its weights)."""
         tuned = self.metadata.get("config", {})
-        return {"rank": tuned.get("lora_rank"), "alpha": tuned.get("lora_alpha"), "targets": tuned.get("lora_targets")}
+        # the targets resolved for the model, where the settings left them to it
+        targets = self.metadata.get("lora_targets") or tuned.get("lora_targets")
+        return {"rank": tuned.get("lora_rank"), "alpha": tuned.get("lora_alpha"), "targets": targets}
 
     def peft_config(self):
         settings = self.settings

@@ -30,6 +30,7 @@ class EvalResult:
     versions: dict = field(default_factory=dict)
     identity: dict = field(default_factory=dict)  # what the cell's results depend on (see evaluate.cell_identity)
     tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
+    engine: dict | None = None  # the path the cell ran on and the self-check's figures (softeval.selfcheck)
     created: str | None = None  # when the cell was evaluated; None: now
 
     def to_json(self) -> dict:
@@ -37,6 +38,7 @@ class EvalResult:
             "config": self.config,
             "identity": self.identity,
             "tuning": self.tuning,
+            "engine": self.engine,
             "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
             "diagnostics": self.diagnostics.model_dump() if self.diagnostics else None,
             "n_examples": len(self.samples),
@@ -66,6 +68,7 @@ class EvalResult:
             versions=saved.get("versions", {}),
             identity=saved.get("identity", {}),
             tuning=saved.get("tuning"),
+            engine=saved.get("engine"),
             created=saved.get("created"),
         )
 

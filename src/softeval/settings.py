@@ -43,7 +43,7 @@ class TuneConfig(BaseModel):
     method: Literal["soft-prompt", "lora"] = "soft-prompt"
     lora_rank: int = Field(8, gt=0)
     lora_alpha: int = Field(16, gt=0)
-    lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lora_targets: list[str] | None = None  # None: the model's own projections (see lora.default_targets)
 
 
 def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:
@@ -69,7 +69,7 @@ class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rank: int = Field(8, gt=0)
     alpha: int = Field(16, gt=0)
-    targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    targets: list[str] | None = None  # None: each model's own attention projections (see lora.default_targets)
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # adapters take a smaller step than prompt vectors
 
 

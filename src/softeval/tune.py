@@ -20,15 +20,14 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
-from torch.utils.checkpoint import checkpoint
 
 from softeval._io import write_atomic, write_bytes_atomic, write_json_atomic
 from softeval.data import Example, data_identity, load_examples
-from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.evaluate import run_examples
 from softeval.lora import (
     Adapter,
+    default_targets,
     load_adapter,
     lora_applied,
     lora_config,
@@ -39,6 +38,7 @@ from softeval.metrics import aggregate
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, tuning_target
+from softeval.selfcheck import start_engine
 from softeval.settings import TuneConfig, check_tuning_rows
 from softeval.softprompt import (
     Init,
@@ -52,7 +52,6 @@ from softeval.task import TaskSpec
 log = logging.getLogger("softeval")
 
 CURVE_METRICS = ("format_following", "task_accuracy", "knowledge")
-LOSS_CHUNK = 256  # target positions whose vocabulary logits are held at once
 TOKEN_BUDGET = 768  # padded positions (rows x longest row) in one tuning forward and backward pass
 
 
@@ -80,14 +79,21 @@ class Tuner:
             )
         n_soft = 0 if self.prompt is None else config.length
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
-        self.engine = Engine(lm, soft_prompt=self.prompt)
-        if config.method == "lora":  # last: once the layers are in the model, nothing else can fail here
-            self._lora = lora_applied(lm, lora_config(config.lora_rank, config.lora_alpha, config.lora_targets), seed=config.seed)
+        self.lora_targets = None
+        self.params = {"soft_prompt": self.prompt}
+        if config.method == "lora":
+            # the model's own projections unless the settings name them (see lora.default_targets)
+            self.lora_targets = config.lora_targets or default_targets(lm)
+            self._lora = lora_applied(lm, lora_config(config.lora_rank, config.lora_alpha, self.lora_targets), seed=config.seed)
             self.peft_model = self._lora.__enter__()
-            self.params = trainable_parameters(self.peft_model)
-        else:
-            self.params = {"soft_prompt": self.prompt}
-        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, weight_decay=0.0)
+        try:  # with the adapters in place: the engine's self-check sees the model it will tune
+            if self._lora is not None:
+                self.params = trainable_parameters(self.peft_model)
+            self.engine = start_engine(lm, soft_prompt=self.prompt)
+            self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, weight_decay=0.0)
+        except BaseException:
+            self.close()  # the model leaves as it came
+            raise
 
     @property
     def n_trainable(self) -> int:
@@ -129,50 +135,25 @@ class Tuner:
         n_targets = sum(len(target) for _, target in sequences)
         total = torch.zeros((), device=self.engine.device)
         for group in _micro_batches(sequences, TOKEN_BUDGET):
-            part = self._summed_loss(group) / n_targets
+            part = self.engine.target_loss(group) / n_targets
             if backward:
+                if not part.requires_grad:
+                    raise SoftevalError("no tuned parameter reaches the loss: the model's forward does not use them; set lora targets to layers it calls")
                 part.backward()
             total = total + part.detach()
         return total
-
-    def _summed_loss(self, sequences: list[tuple[list[int], list[int]]]) -> torch.Tensor:
-        """Summed cross-entropy of each target after its prompt (soft prompt included)."""
-        targets = [target for _, target in sequences]
-        embeds, mask, positions = self.engine.inputs([prompt + target for prompt, target in sequences])
-        hidden = self.engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
-        width, device = hidden.shape[1], hidden.device
-        # the state at position i predicts token i + 1: for a target of n tokens at the right
-        # edge, the predictors are the n positions just before the last one
-        rows = torch.cat([torch.full((len(t),), r, device=device) for r, t in enumerate(targets)])
-        cols = torch.cat([torch.arange(width - len(t) - 1, width - 1, device=device) for t in targets])
-        gold = torch.tensor([tok for t in targets for tok in t], device=device)
-        return self.cross_entropy(hidden[rows, cols], gold)
-
-    def cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of `gold` under the LM head, a chunk of positions at a time.
-
-        A long target times a 262k vocabulary would otherwise hold gigabytes of logits; under
-        autograd each chunk's logits are recomputed in the backward pass instead of kept, so memory
-        holds one chunk whatever the target length."""
-        total = states.new_zeros((), dtype=torch.float32)
-        for start in range(0, len(gold), LOSS_CHUNK):
-            chunk = (states[start : start + LOSS_CHUNK], gold[start : start + LOSS_CHUNK])
-            if torch.is_grad_enabled():
-                total = total + checkpoint(self._summed_cross_entropy, *chunk, use_reentrant=False)
-            else:
-                total = total + self._summed_cross_entropy(*chunk)
-        return total
-
-    def _summed_cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(self.engine.logits(states), gold, reduction="sum")
 
     def step(self, step: int) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(self.batch(step), backward=True)
         if not torch.isfinite(loss):
             raise SoftevalError(f"loss became {loss.item()} at step {step}; lower --lr or check the task's targets")
+        unused = next((name for name, p in self.params.items() if p.grad is None), None)
+        if unused is not None:
+            layer = unused.split(".lora_")[0].removeprefix("base_model.model.")
+            raise SoftevalError(f"the adapter on {layer} gets no gradient: the model's forward does not call that layer; set lora targets to layers it calls")
         # a non-finite gradient would put NaN into the parameters and every checkpoint after them
-        if any(p.grad is None or not torch.isfinite(p.grad).all() for p in self.params.values()):
+        if any(not torch.isfinite(p.grad).all() for p in self.params.values()):
             raise SoftevalError(f"the gradient became non-finite at step {step}; lower --lr or check the task's targets")
         torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm)
         self.optimizer.step()
@@ -180,7 +161,7 @@ class Tuner:
 
     def validate(self, bars: Bars | None = None) -> dict:
         bars = bars or Bars(None)
-        engine = Engine(self.lm, soft_prompt=None if self.prompt is None else self.prompt.detach())
+        engine = start_engine(self.lm, soft_prompt=None if self.prompt is None else self.prompt.detach())
         with torch.no_grad():
             samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
@@ -340,7 +321,10 @@ def tune(
             "trainable_parameters": tuner.n_trainable,
             # the whole run's tuning time, resumed parts (and sweep trials) included
             "tuning_seconds": round(state.seconds + prior_seconds, 2),
+            "engine": tuner.engine.check,  # the path the tuning ran on (softeval.selfcheck)
         }
+        if tuner.lora_targets is not None:
+            summary["lora_targets"] = tuner.lora_targets  # as resolved for this model
         write_json_atomic(output / "curve.json", state.curve)
         plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name} ({config.method})")
         # what was tuned last: where it exists, so do its curves (a finished run is reused by it)

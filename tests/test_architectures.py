@@ -1,0 +1,212 @@
+"""The conformance suite: on tiny random models of every architecture softeval is checked on,
+whichever path the self-check chooses computes what transformers computes: greedy tokens equal
+to `generate` one prompt at a time (here pooled, after a shared prefix, behind a soft prompt),
+option log-likelihoods within 1e-4 of a full forward, the tuning loss and its gradient equal to a
+plain cross-entropy, and LoRA on the architecture's own projections, exported as PEFT loads it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from architectures import ARCHITECTURES, REFERENCE_PATH, build_model, loaded
+from conftest import SHARED, TEXTS
+from transformers import AutoTokenizer
+
+from softeval.engine import Engine
+from softeval.lora import default_targets, lora_applied, lora_config, save_adapter
+from softeval.prompts import Cloze
+from softeval.reference import ReferenceEngine
+from softeval.selfcheck import check_model, start_engine
+
+NEW_TOKENS = 6
+OPTIONS = [" carbon dioxide", " oxygen", " no, not at all really", " x"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dirs):
+    return AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def arch(request, tokenizer):
+    """(architecture name, its LoadedModel, a soft prompt of 3 vectors for it)."""
+    lm = loaded(request.param, tokenizer)
+    embed = lm.model.get_input_embeddings()
+    with torch.no_grad():
+        soft = embed(torch.tensor([11, 222, 3333])).detach()
+    return request.param, lm, soft
+
+
+def _embedded(lm, ids: list[int], soft: torch.Tensor) -> torch.Tensor:
+    """(1, tokens + soft prompt, hidden) as softeval places a soft prompt: after BOS, if any."""
+    embed = lm.model.get_input_embeddings()
+    at = 1 if lm.bos_token_id is not None and ids[:1] == [lm.bos_token_id] else 0
+    tokens = embed(torch.tensor(ids))
+    return torch.cat([tokens[:at], soft, tokens[at:]])[None]
+
+
+def _generate(lm, ids: list[int], soft: torch.Tensor) -> list[int]:
+    """transformers' greedy `generate` from the prompt's embeddings, cut before EOS. A model
+    whose `generate` takes no embeddings (Gemma 3's multimodal class) decodes by full forward
+    passes without a cache."""
+    embeds = _embedded(lm, ids, soft)
+    eos = lm.eos_token_ids
+    with torch.no_grad():
+        try:
+            out = lm.model.generate(inputs_embeds=embeds, attention_mask=torch.ones(embeds.shape[:2], dtype=torch.long),
+                                    max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])[0].tolist()
+        except ValueError as exc:
+            assert "inputs_embeds" in str(exc)
+            out, seq = [], list(ids)
+            for _ in range(NEW_TOKENS):
+                out.append(int(lm.model(inputs_embeds=_embedded(lm, seq, soft)).logits[0, -1].argmax()))
+                seq.append(out[-1])
+    ended = [i for i, token in enumerate(out) if token in eos]
+    return out[: ended[0]] if ended else out
+
+
+def _full_forward_logprob(lm, context: list[int], option: list[int], soft: torch.Tensor) -> float:
+    with torch.no_grad():
+        logprobs = torch.log_softmax(lm.model(inputs_embeds=_embedded(lm, context + option, soft)).logits[0].float(), -1)
+    start = len(context) + len(soft) - 1
+    return sum(float(logprobs[start + j, token]) for j, token in enumerate(option))
+
+
+def test_the_self_check_chooses_the_expected_path(arch):
+    name, lm, _ = arch
+    verdict = check_model(lm)
+    assert verdict.path == ("reference" if name in REFERENCE_PATH else "fast"), verdict.reason
+    assert REFERENCE_PATH.get(name, "") in verdict.reason
+    engine = start_engine(lm)
+    assert isinstance(engine, ReferenceEngine if name in REFERENCE_PATH else Engine)
+    assert engine.check == verdict.record()
+    if verdict.path == "fast":  # every figure was measured, and within the tolerance
+        assert set(verdict.figures) >= {"next_token_logprob", "greedy_margin", "option_logprob_per_token", "loss_per_token"}
+        assert max(v for k, v in verdict.figures.items() if k != "greedy_tokens") <= verdict.tolerance
+
+
+def test_greedy_tokens_equal_generate_while_pooled(arch):
+    """Four prompts sharing a prefix, of different lengths, two rows at a time: a row decodes
+    beside others and rows join the pool as others end."""
+    name, lm, soft = arch
+    prompts = [lm.encode(SHARED + text) for text in TEXTS]
+    completions = start_engine(lm, soft_prompt=soft, batch_size=2).generate(prompts, stop=["\x00never"], max_new_tokens=NEW_TOKENS)
+    assert [c.tokens for c in completions] == [_generate(lm, p, soft) for p in prompts]
+
+
+def test_option_loglikelihoods_equal_a_full_forward(arch):
+    name, lm, soft = arch
+    clozes = [Cloze(lm.encode(SHARED + text), [lm.encode(o) for o in OPTIONS]) for text in TEXTS]
+    got = start_engine(lm, soft_prompt=soft, batch_size=2).loglikelihood(clozes)
+    for cloze, scores in zip(clozes, got):
+        expected = [_full_forward_logprob(lm, cloze.context_ids, option, soft) for option in cloze.continuation_ids]
+        assert scores == pytest.approx(expected, abs=1e-4)
+
+
+def test_tuning_loss_and_gradient_equal_a_plain_cross_entropy(arch):
+    name, lm, soft = arch
+    pairs = [(lm.encode(SHARED + text), lm.encode(option)) for text, option in zip(TEXTS, OPTIONS)]
+    ours_soft = soft.clone().requires_grad_(True)
+    engine = start_engine(lm, soft_prompt=ours_soft)
+    loss = engine.target_loss(pairs)
+    loss.backward()
+    reference_soft = soft.clone().requires_grad_(True)
+    total = 0
+    for prompt, target in pairs:
+        logits = lm.model(inputs_embeds=_embedded(lm, prompt + target, reference_soft)).logits[0].float()
+        start = len(prompt) + len(soft) - 1
+        total = total + torch.nn.functional.cross_entropy(logits[start : start + len(target)], torch.tensor(target), reduction="sum")
+    total.backward()
+    assert float(loss.detach()) == pytest.approx(float(total.detach()), rel=1e-5, abs=1e-4)
+    torch.testing.assert_close(ours_soft.grad, reference_soft.grad, rtol=1e-3, atol=1e-5 * float(reference_soft.grad.abs().max()))
+
+
+def test_lora_on_the_default_targets_exports_as_peft_loads_it(arch, tokenizer, tmp_path):
+    """The default targets reach the architecture's own projections, the adapted model runs on
+    the path its own self-check chooses, and PEFT's loader rebuilds the same model."""
+    from peft import PeftModel
+
+    name, lm, soft = arch
+    targets = default_targets(lm)
+    prompt = lm.encode(SHARED + TEXTS[0])
+    with lora_applied(lm, lora_config(4, 8, targets), seed=1) as peft_model:
+        adapted = [module for module_name, module in peft_model.named_modules() if module_name.endswith("lora_B")]
+        assert adapted, targets
+        with torch.no_grad():
+            for module in adapted:  # a trained adapter: B off zero
+                module["default"].weight.normal_(0, 0.5)
+        engine = start_engine(lm, soft_prompt=soft)
+        assert engine.check["path"] == ("reference" if name in REFERENCE_PATH else "fast")
+        ours = engine.loglikelihood([Cloze(prompt, [lm.encode(OPTIONS[0])])])[0][0]
+        save_adapter(tmp_path, peft_model, {})
+    plain = start_engine(lm, soft_prompt=soft).loglikelihood([Cloze(prompt, [lm.encode(OPTIONS[0])])])[0][0]
+    assert abs(ours - plain) > 1e-3  # the adapter changed the model, and unloading restored it
+    with warnings.catch_warnings():  # PEFT asks transformers 5 a deprecated question
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        fresh = PeftModel.from_pretrained(build_model(name, tokenizer), tmp_path)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(fresh(inputs_embeds=_embedded(lm, prompt + lm.encode(OPTIONS[0]), soft)).logits[0].float(), -1)
+    option = lm.encode(OPTIONS[0])
+    start = len(prompt) + len(soft) - 1
+    assert ours == pytest.approx(sum(float(logprobs[start + j, t]) for j, t in enumerate(option)), abs=1e-4)
+
+
+def test_a_state_space_model_runs_every_method_end_to_end(tmp_path, tokenizer):
+    """A tiny Mamba through `softeval run`: zero-shot, few-shot, a tuned soft prompt and LoRA on
+    its mixer's projections, every cell on the reference path and saying so."""
+    import json
+
+    from conftest import ROWS, write_user_task
+    from typer.testing import CliRunner
+
+    from softeval.cli import app
+
+    folder = tmp_path / "tiny-mamba"
+    build_model("mamba", tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    task = write_user_task(tmp_path, ROWS * 10)
+    out = tmp_path / "report"
+    args = ["run", "--model", folder, "--task", task, "--method", "zero-shot,few-shot,soft-prompt,lora", "--k", 2, "--limit", 6,
+            "--steps", 2, "--eval-every", 2, "--val-size", 4, "--tune-batch-size", 2, "--length", 2, "--output", out]
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    cells = {path.parent.name: json.loads(path.read_text()) for path in (out / "tiny-mamba" / "capitals").glob("*/results.json")}
+    assert set(cells) == {"zero-shot", "few-shot", "soft-prompt", "lora"}
+    for cell in cells.values():
+        assert cell["engine"]["path"] == "reference" and "state-space" in cell["engine"]["reason"]
+        assert cell["n_examples"] == 6
+    adapter = json.loads((out / "tiny-mamba" / "capitals" / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["in_proj", "x_proj"]  # dt_proj's weight is read past any adapter
+
+
+def test_lora_on_a_layer_the_forward_does_not_call_says_so(tmp_path, tokenizer):
+    """Mamba's forward reads dt_proj's weight itself: an adapter there would never train."""
+    from conftest import ROWS, write_user_task
+
+    from softeval.errors import SoftevalError
+    from softeval.settings import TuneConfig
+    from softeval.task import load_task
+    from softeval.tune import tune
+
+    spec = load_task(write_user_task(tmp_path, ROWS * 10))
+    config = TuneConfig(method="lora", lora_targets=["dt_proj"], steps=1, val_size=4, batch_size=2)
+    with pytest.raises(SoftevalError, match=r"^no tuned parameter reaches the loss: the model's forward does not use them; set lora targets"):
+        tune(loaded("mamba", tokenizer), spec, config, output=tmp_path / "adapter", progress=False)
+    assert not (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["cohere", "granite", "gemma2"])
+def test_the_fast_path_itself_applies_the_models_logit_transform(name, tokenizer):
+    """Not through the self-check: the fast engine's own option scores and tuning loss take
+    Cohere's logit_scale, Granite's logits_scaling and Gemma 2's final softcap as the models'
+    forwards do (without them Cohere's and Granite's scores are off by several nats)."""
+    lm = loaded(name, tokenizer)
+    soft = lm.model.get_input_embeddings()(torch.tensor([11, 222])).detach()
+    engine = Engine(lm, soft_prompt=soft)
+    context, options = lm.encode(SHARED + TEXTS[0]), [lm.encode(o) for o in OPTIONS]
+    scores = engine.loglikelihood([Cloze(context, options)])[0]
+    assert scores == pytest.approx([_full_forward_logprob(lm, context, option, soft) for option in options], abs=1e-4)
+    loss = float(engine.target_loss([(context, options[2])]).detach())
+    assert loss == pytest.approx(-_full_forward_logprob(lm, context, options[2], soft), abs=1e-4)
