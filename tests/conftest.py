@@ -159,24 +159,33 @@ def reference_loglikelihood(lm, context: list[int], continuation: list[int], sof
 ROWS = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
 
 
-def write_user_task(tmp_path: Path, rows: list, fmt: str = "jsonl", **overrides) -> Path:
-    """A two-option multiple-choice task spec reading `rows` from a local file; returns the spec path."""
-    data = tmp_path / f"test.{fmt}"
-    if fmt == "jsonl":
-        data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    else:
-        import pandas as pd
+def practice(row):
+    """A tuning row: the evaluation row's question asked as practice (tuning never sees the rows it
+    is scored on; see data.apart_from_evaluation)."""
+    return {**row, "q": "Practice: " + row["q"]} if isinstance(row, dict) and isinstance(row.get("q"), str) else row
 
-        frame = pd.DataFrame(rows)
-        frame.to_csv(data, index=False) if fmt == "csv" else frame.to_parquet(data)
+
+def write_user_task(tmp_path: Path, rows: list, fmt: str = "jsonl", **overrides) -> Path:
+    """A two-option multiple-choice task spec reading `rows` from a local file (its evaluation
+    and few-shot split) and tuning on the same rows asked as practice; returns the spec path."""
+    files = {"test": tmp_path / f"test.{fmt}", "train": tmp_path / f"train.{fmt}"}
+    for split, data in files.items():
+        split_rows = rows if split == "test" else [practice(r) for r in rows]
+        if fmt == "jsonl":
+            data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in split_rows))
+        else:
+            import pandas as pd
+
+            frame = pd.DataFrame(split_rows)
+            frame.to_csv(data, index=False) if fmt == "csv" else frame.to_parquet(data)
     spec = {
         "name": "capitals",
         "dataset": {
             "path": "local/capitals",
             "eval_split": "test",
-            "tune_split": "test",
+            "tune_split": "train",
             "fewshot_split": "test",
-            "data_files": {"test": data.name},
+            "data_files": {split: data.name for split, data in files.items()},
         },
         "answer_format": "multiple_choice",
         "fields": {"question": "q", "choices": "[a, b]", "answer": "gold"},

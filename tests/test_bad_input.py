@@ -189,7 +189,7 @@ def test_empty_split_in_a_mirror_names_the_file(tmp_path, monkeypatch, capsys, n
 def test_tuning_split_too_small_to_hold_out_validation(tmp_path, monkeypatch, capsys, no_model_loading):
     task = write_user_task(tmp_path, ROWS)
     line = user_sees(monkeypatch, capsys, "tune", "--model", ALIAS, "--task", task, "--output", tmp_path / "out")
-    assert "task capitals's tuning split 'test' has 2 rows; tuning holds out a fifth for validation and needs at least 5" in line
+    assert "task capitals's tuning split 'train' has 2 rows; tuning holds out a fifth for validation and needs at least 5" in line
 
 
 def test_model_path_that_does_not_exist(tmp_path, monkeypatch, capsys, no_model_loading):

@@ -85,8 +85,12 @@ def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
     assert page.errors == []
     assert page.requests == [study_page.as_uri()]  # nothing but the file itself: no CDN, no network
     assert page.title() != "pwned" and "pwned" not in page.evaluate("document.title")
-    for section in ("run", "overview", "paired", "curves", "ranking", "samples"):
+    for section in ("findings", "run", "overview", "paired", "curves", "ranking", "samples"):
         assert page.locator(f"section#{section}").count() == 1, section
+    # the findings come first, each with the verdict comparison.json gives it
+    assert page.locator("main > section").first.get_attribute("id") == "findings"
+    saved = json.loads((study_page.parent / "comparison.json").read_text())["findings"]
+    assert page.locator("table.findings span.verdict").all_text_contents() == [f["verdict"] for f in saved]
     assert page.locator("#run table").first.locator("tr").count() == 1 + 6  # six models with their identity
     assert page.locator("table.overview tr").count() == 1 + 3 * 4 + 3 * 8  # base: 4 methods, post-trained: 4 x 2 chat modes
     # each metric's column says what it measures

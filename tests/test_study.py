@@ -116,7 +116,7 @@ def test_lora_tuning_resumes_to_the_same_adapter(tmp_path, tiny_llama, monkeypat
         ("models: [org1/llama, org2/llama]\ntasks: [t]\n", "would share the results folder 'llama'"),
         ("models: [{model: a, family: f, role: base}, {model: b, family: f, role: base}]\ntasks: [t]\nchat: true\n", "family 'f' has two base models"),
         ("models: [{model: a, family: f, role: base}]\ntasks: [t]\nchat: true\n", "family 'f' has no post-trained model"),
-        ("models: [{model: a, family: f}]\ntasks: [t]\n", "needs both a family and a role"),
+        ("models: [{model: a, family: f}]\ntasks: [t]\n", "model 'a' has a family but no role; give it role: base or role: post-trained"),
         ("models: [{model: a, family: f, role: base}, {model: b, family: f, role: post-trained}]\ntasks: [t]\n", "set chat: true"),
     ],
 )

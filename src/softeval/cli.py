@@ -186,6 +186,11 @@ def finish(output: Path, reports) -> None:
     if skipped:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
     stdout.print(metrics_table(results, among=cells))
+    if (output / "comparison.json").is_file():  # the findings of every finished cell in the folder
+        from softeval.findings import Finding, findings_table
+
+        saved = json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])
+        stdout.print(findings_table([Finding(**f) for f in saved]))
     stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
     stdout.print(f"report: {output / PAGE}", highlight=False)
 
@@ -310,7 +315,10 @@ def show_ranking(folder: Path, reference: Reference) -> None:
     from softeval.page import write_page
     from softeval.rank import rank_study, ranking_table
 
+    from softeval.report import write_comparison
+
     analysis = rank_study(folder, reference)
+    write_comparison(folder)  # its findings read the ranking
     stdout.print(ranking_table(analysis))
     stdout.print(f"wrote {folder / 'ranking.md'}", highlight=False)
     stdout.print(f"report: {write_page(folder)}", highlight=False)

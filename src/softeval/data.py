@@ -11,6 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
+import math
 import os
 import random
 from contextlib import nullcontext
@@ -22,9 +24,11 @@ from softeval._io import file_sha256, read_utf8
 from softeval.errors import SoftevalError
 from softeval.formats import AnswerFormat, Example
 from softeval.hub import hub_unreachable, offline
-from softeval.task import EXPRESSION_ERRORS, TaskSpec, compile_fields, keeps
+from softeval.task import ANSWER_WORDS_QUANTILE, EXPRESSION_ERRORS, TaskSpec, compile_fields, keeps
 
 DATA_ENV = "SOFTEVAL_DATA_DIR"
+
+log = logging.getLogger("softeval")
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
@@ -55,6 +59,46 @@ def load_examples(
     extract, answer_format = compile_fields(spec), spec.format
     # an example's index is its row's position in the split, filtered rows counted
     return [_to_example(spec, answer_format, extract, i, *rows[i]) for i in kept]
+
+
+def with_answer_words(spec: TaskSpec, data_dir: str | Path | None) -> TaskSpec:
+    """The spec, for a short-answer task that sets no max_answer_words, with the words a bare
+    answer may have: as many as ANSWER_WORDS_QUANTILE of the gold answers of its tuning split
+    have at most. A whole sentence ("The capital of France is Paris.") then does not follow the
+    format of a task whose answers are a few words."""
+    if spec.answer_format != "short_answer" or spec.max_answer_words is not None or spec._answer_words is not None:
+        return spec
+    split = spec.dataset.tune_split
+    words = sorted(len(e.answer.split()) for e in load_examples(spec, split, data_dir))
+    limit = max(1, words[max(0, math.ceil(ANSWER_WORDS_QUANTILE * len(words)) - 1)])
+    resolved = spec.model_copy()
+    resolved._answer_words = (limit, f"{100 * ANSWER_WORDS_QUANTILE:.0f}% of the {len(words)} gold answers of split '{split}' have at most {limit}")
+    return resolved
+
+
+def content_key(example: Example) -> str:
+    """What a row asks, for telling the same question in two splits: its question and options,
+    in lower case with runs of whitespace made one space."""
+    parts = [example.question, *(example.choices or [])]
+    return "\x1f".join(" ".join(part.lower().split()) for part in parts)
+
+
+def apart_from_evaluation(spec: TaskSpec, tuning: list[Example], data_dir: str | Path | None) -> tuple[list[Example], int]:
+    """The tuning rows whose content is no evaluation row's (all of them, where the spec allows
+    tuning on evaluation rows), and how many evaluation rows are among those kept."""
+    evaluated = {content_key(e) for e in load_examples(spec, spec.dataset.eval_split, data_dir)}
+    shared = [e for e in tuning if content_key(e) in evaluated]
+    if spec.dataset.tune_on_eval_rows:
+        return tuning, len(shared)
+    if len(shared) == len(tuning):
+        raise SoftevalError(
+            f"task {spec.name}: every row of its tuning split '{spec.dataset.tune_split}' asks what a row of its evaluation split "
+            f"'{spec.dataset.eval_split}' asks; give the spec a tune_split of other rows"
+        )
+    if shared:
+        log.info("task %s: %d of the %d rows of its tuning split ask what an evaluation row asks; tuning leaves them out",
+                 spec.name, len(shared), len(tuning))
+    return [e for e in tuning if content_key(e) not in evaluated], 0
 
 
 def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) -> list[tuple[dict, str]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from softeval.data import data_identity, load_examples
+from softeval.data import data_identity, load_examples, with_answer_words
 from softeval.engine import Engine
 from softeval.errors import SoftevalError
 from softeval.formats import Example
@@ -76,6 +76,7 @@ def evaluate(
         check_made_for(f"LoRA adapter {adapter.path}", adapter.metadata, lm, spec, chat)
     vectors = None if soft_prompt is None else soft_prompt.vectors
     started = time.perf_counter()
+    spec = with_answer_words(spec, data_dir)
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     eval_data = data_identity(spec, spec.dataset.eval_split, data_dir)
     shots = k if method == "few-shot" else 0
@@ -97,6 +98,7 @@ def evaluate(
     timings["total"] = time.perf_counter() - started
     config = {
         "model": lm.identity["spec"],
+        "post_trained": lm.post_trained,  # has a chat template, as the model was declared or found
         "task": spec.name,
         "method": method,
         "chat": chat,
@@ -111,8 +113,14 @@ def evaluate(
         "max_new_tokens": spec.max_new_tokens,
         "stop": spec.stop,
     }
-    metrics, diagnostics = scores(spec, examples, samples, seed)
+    if spec.answer_format == "short_answer":  # the rule a strict answer followed
+        config["max_answer_words"], config["max_answer_words_from"] = spec.answer_words
     tuned = soft_prompt or adapter
+    context = {"chat_template_unused": lm.post_trained and not chat, "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
+    metrics, diagnostics = scores(spec, examples, samples, seed, **context)
+    if diagnostics.mostly_empty:
+        hint = "; it has a chat template: --chat runs it with it" if diagnostics.chat_template_unused else ""
+        log.warning("%s %s %s: %.0f%% of the completions are empty%s", lm.name, spec.name, method, 100 * diagnostics.empty_share, hint)
     return EvalResult(
         config=config,
         metrics=metrics,
@@ -129,12 +137,18 @@ def evaluate(
     )
 
 
-def scores(spec: TaskSpec, examples: list[Example], samples: list[Sample], seed: int) -> tuple[dict[str, Metric], Diagnostics]:
-    """A cell's metrics with their intervals, and the diagnostics that say when they mean little."""
+def scores(
+    spec: TaskSpec, examples: list[Example], samples: list[Sample], seed: int, *, chat_template_unused: bool = False, tuned_on_eval_rows: bool = False
+) -> tuple[dict[str, Metric], Diagnostics]:
+    """A cell's metrics with their intervals, and the diagnostics that say when they mean little
+    (with what the cell's samples cannot tell: that the model's chat template went unused, that
+    what it evaluates was tuned on its rows)."""
     metrics = aggregate(samples, seed=seed)
     answer_format = spec.format
     chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
-    return metrics, diagnose(samples, metrics["task_accuracy"], chance, answer_last=answer_format.answer_last)
+    diagnostics = diagnose(samples, metrics["task_accuracy"], chance, answer_last=answer_format.answer_last)
+    diagnostics.chat_template_unused, diagnostics.tuned_on_eval_rows = chat_template_unused, tuned_on_eval_rows
+    return metrics, diagnostics
 
 
 def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int) -> int | None:
@@ -147,6 +161,7 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # a file cut short or edited by hand
         reason = (str(exc).splitlines() or [""])[0][:120]
         raise SoftevalError(f"{folder}: its results cannot be read ({type(exc).__name__}: {reason})") from exc
+    spec = with_answer_words(spec, data_dir)
     examples = load_examples(spec, spec.dataset.eval_split, data_dir, limit=limit, seed=seed)
     by_index = {e.index: e for e in examples}
     if sorted(s.index for s in result.samples) != sorted(by_index):
@@ -158,12 +173,15 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
         judgement = score_sample(answer_format, by_index[s.index], s.completion, loglikelihoods, cut=s.stop_reason == "length",
                                  raw=s.raw_completion)
         samples.append(s.model_copy(update=judgement.model_dump()))
-    metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"])
+    known = result.diagnostics  # what the samples cannot tell, as the cell recorded it
+    context = {"chat_template_unused": bool(known and known.chat_template_unused), "tuned_on_eval_rows": bool(known and known.tuned_on_eval_rows)}
+    metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"], **context)
+    config = result.config | (dict(zip(("max_answer_words", "max_answer_words_from"), spec.answer_words)) if spec.answer_format == "short_answer" else {})
     same_code = result.versions.get("parsers") == parsers_version()
-    if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics:
+    if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics and config == result.config:
         return None
     changed = sum(new != old for new, old in zip(samples, result.samples))
-    result.samples, result.metrics, result.diagnostics = samples, metrics, diagnostics
+    result.samples, result.metrics, result.diagnostics, result.config = samples, metrics, diagnostics, config
     result.versions = result.versions | {"parsers": parsers_version()}
     result.save(folder)
     return changed
@@ -217,6 +235,8 @@ def tuning_record(tuned: SoftPrompt | Adapter) -> dict:
         "trainable_parameters": meta.get("trainable_parameters", n),
         "tuning_seconds": meta.get("tuning_seconds"),
         "steps": meta.get("steps"),
+        "batch_size": meta.get("config", {}).get("batch_size"),  # the step's examples: the findings' budget of steps
+        "engine_path": (meta.get("engine") or {}).get("path"),  # the path the tuning ran on
     }
 
 

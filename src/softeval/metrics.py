@@ -42,6 +42,7 @@ COLLAPSE_SHARE = 0.6  # one answer given this often (of all strict answers) mark
 COLLAPSE_MARGIN = 0.2  # if it is also this far above its share of the gold answers (BoolQ's "yes" is 62%)
 COLLAPSE_MIN_ANSWERS = 10  # fewer strict answers than this say too little to call a collapse
 CUT_SHARE = 0.05  # completions cut at the token limit this often, where the answer comes last, are flagged
+MOSTLY_EMPTY = 0.5  # a cell with this share of empty completions or more is flagged: the model mostly said nothing
 
 
 class Metric(BaseModel):
@@ -106,15 +107,26 @@ class Diagnostics(BaseModel):
     at_chance: bool = False  # task accuracy not above chance or the majority answer by its confidence interval
     collapsed: bool = False
     knowledge_collapsed: bool = False  # the log-likelihoods pick one option as a collapsed cell answers one
+    mostly_empty: bool = False  # MOSTLY_EMPTY of the completions or more are empty
+    # the model has a chat template the cell ran without (a post-trained model often ends at once then)
+    chat_template_unused: bool = False
+    # the tuned prompt or adapter the cell evaluates was tuned on rows it is scored on
+    tuned_on_eval_rows: bool = False
 
     @computed_field
     @property
     def flags(self) -> list[str]:
         flags = []
+        if self.tuned_on_eval_rows:
+            flags.append("tuned on its evaluation rows")
         if self.no_strict_answers:  # "at chance" would blame knowledge for a format failure
             empty = f" ({100 * self.empty_share:.0f}% empty)" if self.empty_share else ""
             flags.append(f"no strict answers{empty}")
-        else:
+        elif self.mostly_empty:
+            flags.append(f"mostly empty ({100 * self.empty_share:.0f}%)")
+        if self.mostly_empty and self.chat_template_unused:
+            flags.append("--chat runs it with its chat template")
+        if not self.no_strict_answers:
             if self.at_chance:
                 level = f"{100 * self.chance_level:.0f}%"
                 majority = (self.majority_share or 0.0) > (self.chance or 0.0)
@@ -232,6 +244,7 @@ def diagnose(samples: list[Sample], task_accuracy: Metric, chance: float | None,
         cut_share=cut,
         many_cut=answer_last and cut >= CUT_SHARE,
         no_strict_answers=n > 0 and not any(s.format_ok for s in samples),
+        mostly_empty=n > 0 and share(empty) >= MOSTLY_EMPTY,
     )
     if chance is None:
         return diagnostics

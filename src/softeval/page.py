@@ -22,6 +22,7 @@ from jinja2 import Environment, select_autoescape
 from softeval._io import write_text_atomic
 from softeval.results import MODELS_FILE, EvalResult
 from softeval.metrics import MEANINGS, METRICS
+from softeval.findings import CLAIMS, Finding, estimate_text, study_findings, where
 from softeval.report import SHORT, cell_key, cell_label, cost, finished_cells, paired_comparisons, tuned_agreement, cell_flags
 
 CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
@@ -44,6 +45,7 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
     ranking_path = folder / "ranking.json"
     ranking = json.loads(ranking_path.read_text(encoding="utf-8")) if ranking_path.is_file() else None
     agreement = tuned_agreement({cell_key(r): r for r in results})
+    paired = paired_comparisons(results)
     return {
         "title": f"softeval report: {folder.resolve().name}",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -52,12 +54,25 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
         "tasks": [task_overview(task, [r for r in results if r.config["task"] == task]) for task in dict.fromkeys(r.config["task"] for r in results)],
         "metric_names": [SHORT[m] for m in METRICS],
         "metric_meanings": [MEANINGS[m] for m in METRICS],
-        "paired": paired_comparisons(results),
+        "findings": findings_view(study_findings(folder, results, paired, agreement)),
+        "paired": paired,
         "curves": tuning_curves(folder),
         "ranking": ranking_view(ranking) if ranking else None,
         "agreement": agreement_view(agreement, results) if agreement else None,
         "samples_json": samples_json(results),
     }
+
+
+# --- findings -------------------------------------------------------------------------------------
+
+
+def findings_view(findings: list[Finding]) -> list[dict]:
+    """The findings as the page's first section shows them: claim, where, estimate, verdict."""
+    return [
+        {"claim": CLAIMS[f.claim], "where": where(f), "estimate": estimate_text(f), "verdict": f.verdict,
+         "css": f.verdict.replace(" ", "-"), "reason": f.reason, "statistic": f.statistic}
+        for f in findings
+    ]
 
 
 # --- header ---------------------------------------------------------------------------------------

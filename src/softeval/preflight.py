@@ -55,9 +55,22 @@ def check_before_work(
         if "few-shot" in methods:
             check_demonstrations(spec, k, sizes)
         if tuning:
+            check_tuning_apart(spec)
             check_tuning_rows(spec, sizes[spec.dataset.tune_split])
     for folder in outputs:
         check_output(folder)
+
+
+def check_tuning_apart(spec: TaskSpec) -> None:
+    """Tuning reads other rows than evaluation scores (unless the spec allows it): a soft prompt
+    tuned on its evaluation rows scores what it memorised. (Rows of another split with the same
+    content are left out of tuning when it starts: see `data.apart_from_evaluation`.)"""
+    ds = spec.dataset
+    if ds.tune_split == ds.eval_split and not ds.tune_on_eval_rows:
+        raise SoftevalError(
+            f"task {spec.name} tunes on its evaluation split '{ds.eval_split}': soft-prompt and LoRA scores would be measured on the rows "
+            "they were tuned on; give the spec a tune_split of other rows (or dataset.tune_on_eval_rows: true to run it, flagged)"
+        )
 
 
 def soft_prompt_file(path: str | Path) -> Path:

@@ -246,6 +246,15 @@ def comparisons_table(comparisons: list[dict], task: str) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def answer_rules(results: list[EvalResult]) -> list[str]:
+    """Markdown lines: the word limit each short-answer cell's strict parser used, and why."""
+    used = {(r.config["max_answer_words"], r.config.get("max_answer_words_from", "")) for r in results if "max_answer_words" in r.config}
+    if not used:
+        return []
+    rules = "; ".join(f"at most {words} words ({source})" for words, source in sorted(used))
+    return [f"Strict short answers: {rules}.", ""]
+
+
 def format_estimate(e: dict | None, signed: bool = False) -> str:
     """A statistic with its 95% interval, "n/a" where it is undefined."""
     if not e or e["value"] is None:
@@ -271,9 +280,16 @@ def write_comparison(folder: Path) -> list[EvalResult]:
     results = finished_cells(folder)
     curves = tuning_curves(folder)
     comparisons = paired_comparisons(results)
+    agreement = tuned_agreement({cell_key(r): r for r in results})
+    from softeval.findings import findings_markdown, study_findings  # it builds on this module's comparisons
+
+    findings = study_findings(folder, results, comparisons, agreement)
     header = ["model", "method", "n", *METRICS, "tuning cost", "flags"]
     lines = [
         "# softeval comparison",
+        "",
+        *findings_markdown(findings),
+        "## Cells",
         "",
         "Values in %, with 95% bootstrap confidence intervals in brackets. Flags: *no strict answers* (no",
         "completion followed the format, so accuracy says nothing of knowledge), *at chance* (task",
@@ -286,7 +302,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "without a strict answer), *judged by parsers* (the cells of a task were judged by different",
         "versions of the parsers: rerunning a cell's command judges it again), *task version*",
         "(the cells of a task read different versions of its spec or data, and only cells of one",
-        "version compare; the version is the spec's and the data's hash). Tuning cost:",
+        "version compare; the version is the spec's and the data's hash), *mostly empty* (half the",
+        "completions or more are empty; a post-trained model run without its chat template often ends",
+        "at once), *tuned on its evaluation rows* (the spec allowed tuning on them). Tuning cost:",
         "trainable parameters and tuning seconds. Paired differences are in percentage points on the",
         "rows both cells evaluated, with paired bootstrap intervals; **bold** where the interval excludes 0.",
         "",
@@ -295,13 +313,13 @@ def write_comparison(folder: Path) -> list[EvalResult]:
     ]
     for task in dict.fromkeys(r.config["task"] for r in results):
         in_task = [r for r in results if r.config["task"] == task]
-        lines += [f"## {task}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += [f"### {task}", "", *answer_rules(in_task), "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r, row in zip(in_task, rows(in_task)):
             lines.append("| " + " | ".join([row[0], *row[2:-1], cost(r), row[-1]]) + " |")
         lines += ["", *diagnostics_table(in_task), ""]
         paired = comparisons_table(comparisons, task)
         if paired:
-            lines += [f"### {task}: paired differences", "", *paired, ""]
+            lines += [f"#### {task}: paired differences", "", *paired, ""]
     if curves:
         lines += ["## Tuning curves", ""]
         lines += [f"### {name}\n\n![{name}]({path})\n" for name, path in curves.items()]
@@ -315,7 +333,6 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         }
         for r in results
     ]
-    agreement = tuned_agreement({cell_key(r): r for r in results})
     if agreement:
         lines += [
             "## Soft prompt vs LoRA",
@@ -325,5 +342,11 @@ def write_comparison(folder: Path) -> list[EvalResult]:
             "",
         ]
     write_text_atomic(folder / "comparison.md", "\n".join(lines) + "\n")
-    write_json_atomic(folder / "comparison.json", {"cells": cells, "paired": comparisons, "soft_prompt_vs_lora": agreement, "curves": curves})
+    write_json_atomic(folder / "comparison.json", {
+        "findings": [f.model_dump() for f in findings],
+        "cells": cells,
+        "paired": comparisons,
+        "soft_prompt_vs_lora": agreement,
+        "curves": curves,
+    })
     return results

@@ -57,7 +57,8 @@ def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:
 
 
 class ModelEntry(BaseModel):
-    """A model of the study; `family` and `role` pair a base model with its post-trained version."""
+    """A model of the study. `role` says whether it is a base or a post-trained model; `family`
+    (with a role) pairs a base model with its post-trained version for the ranking."""
 
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -163,8 +164,9 @@ class Study(BaseModel):
             names[name] = entry.model
         roles: dict[str, set[str]] = {}
         for entry in self.models:
-            if (entry.family is None) != (entry.role is None):
-                raise ValueError(f"model '{entry.model}' needs both a family and a role, or neither")
+            # a role alone says what a model is (the findings need no more); a family pairs roles
+            if entry.family is not None and entry.role is None:
+                raise ValueError(f"model '{entry.model}' has a family but no role; give it role: base or role: post-trained")
             if entry.family is not None:
                 if entry.role in roles.setdefault(entry.family, set()):
                     raise ValueError(f"family '{entry.family}' has two {entry.role} models; give each family one base and one post-trained model")

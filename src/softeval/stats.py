@@ -62,6 +62,8 @@ class PredictorComparison(BaseModel):
     methods: dict[str, RankAgreement]
     best: str | None  # None when no method's tau-b is defined
     tau_difference: dict[str, Estimate]  # per other method: tau_b(best) - tau_b(other)
+    # per ordered pair "a - b" of methods: tau_b(a) - tau_b(b), from the same row draws
+    tau_pairwise: dict[str, Estimate] = {}
 
 
 class Agreement(BaseModel):
@@ -153,13 +155,12 @@ def compare_predictors(
         )
 
     best = _best_by_tau(methods)
-    differences = {}
-    if best is not None:
-        for name in names:
-            if name != best:
-                value = _difference(methods[best].tau_b.value, methods[name].tau_b.value)
-                differences[name] = _estimate(value, boot_tau[best] - boot_tau[name])
-    return PredictorComparison(methods=methods, best=best, tau_difference=differences)
+    pairwise = {
+        f"{a} - {b}": _estimate(_difference(methods[a].tau_b.value, methods[b].tau_b.value), boot_tau[a] - boot_tau[b])
+        for a in names for b in names if a != b
+    }
+    differences = {name: pairwise[f"{best} - {name}"] for name in names if best is not None and name != best}
+    return PredictorComparison(methods=methods, best=best, tau_difference=differences, tau_pairwise=pairwise)
 
 
 def method_agreement(

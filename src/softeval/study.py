@@ -153,8 +153,8 @@ def run_study(
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
         record_models(output, study.models)
-        write_comparison(output)
         update_ranking(output, study.reference)
+        write_comparison(output)  # its findings read the ranking
         write_page(output)
     failed = [r for r in reports if r.status == "failed"]
     if failed:

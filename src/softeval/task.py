@@ -17,7 +17,7 @@ from pathlib import Path
 
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import SandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from softeval._io import read_yaml_mapping
 from softeval.errors import SoftevalError, validation_problem
@@ -33,6 +33,10 @@ class DatasetSpec(BaseModel):
     tune_split: str
     fewshot_split: str
     validation_split: str | None = Field(None, description="held-out split for tuning curves")
+    # Tuning a soft prompt or adapter on the rows it is then scored on measures memory, not the
+    # method: a tune_split that is the eval_split is refused, and tuning rows whose content is an
+    # evaluation row's are left out. True allows both; every such cell is flagged.
+    tune_on_eval_rows: bool = False
     # user tasks: split name -> JSONL/CSV/Parquet file, relative to the spec file
     data_files: dict[str, str] | None = None
 
@@ -66,6 +70,11 @@ def _option_text(key: str, expression: str, row: dict) -> str:
     return value if isinstance(value, str) else str(value)  # a numeric column reads as its text
 
 
+DEFAULT_ANSWER_WORDS = 10  # where a short-answer task's gold answers were not read
+# a bare answer is at most as long as this share of the task's own gold answers
+ANSWER_WORDS_QUANTILE = 0.99
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -82,12 +91,17 @@ class TaskSpec(BaseModel):
     target: str
     stop: list[str] = Field(min_length=1)
     max_new_tokens: int = Field(gt=0)
-    max_answer_words: int = Field(10, gt=0, description="short_answer: longest first line strict accepts")
+    max_answer_words: int | None = Field(
+        None, gt=0, description="short_answer: longest first line strict accepts (default: from the task's own gold answers)"
+    )
     normalization: Normalization = Field("squad", description="short_answer: the benchmark's answer normalisation")
     cloze_normalization: ClozeNormalization = Field(
         "characters", description="multiple choice, knowledge: option log-likelihoods per character (acc_norm) or summed (none: acc)"
     )
     source_file: str | None = None  # where the spec was read from
+    # short_answer without max_answer_words: (words, how they were found) from the gold answers,
+    # once `data.with_answer_words` has read them; not part of what the spec says
+    _answer_words: tuple[int, str] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:
@@ -125,8 +139,16 @@ class TaskSpec(BaseModel):
     @property
     def format(self) -> AnswerFormat:
         """The answer format with this spec's settings: parsers, correctness, validation."""
-        return answer_format(self.answer_format, max_answer_words=self.max_answer_words, normalization=self.normalization,
+        return answer_format(self.answer_format, max_answer_words=self.answer_words[0], normalization=self.normalization,
                              cloze_normalization=self.cloze_normalization)
+
+    @property
+    def answer_words(self) -> tuple[int, str]:
+        """The most words a strict short answer may have, and where that number comes from."""
+        if self.max_answer_words is not None:
+            return self.max_answer_words, "set by the task spec"
+        # a spec whose gold answers were not read (row validation needs no word limit)
+        return self._answer_words or (DEFAULT_ANSWER_WORDS, "the default")
 
     @property
     def is_multiple_choice(self) -> bool:

@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from softeval._io import write_atomic, write_bytes_atomic, write_json_atomic
-from softeval.data import Example, data_identity, load_examples
+from softeval.data import Example, apart_from_evaluation, data_identity, load_examples, with_answer_words
 from softeval.errors import SoftevalError
 from softeval.evaluate import run_examples
 from softeval.lora import (
@@ -34,7 +34,7 @@ from softeval.lora import (
     save_adapter,
     trainable_parameters,
 )
-from softeval.metrics import aggregate
+from softeval.metrics import ROW_METRICS, aggregate
 from softeval.models import LoadedModel
 from softeval.progress import Bars, progress_bars
 from softeval.prompts import PromptBuilder, tuning_target
@@ -61,10 +61,11 @@ class Tuner:
     manager."""
 
     def __init__(self, lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir=None):
-        self.lm, self.spec, self.config = lm, spec, config
+        # validation judges short answers by the rule the evaluation does
+        self.lm, self.spec, self.config = lm, with_answer_words(spec, data_dir), config
         if config.chat and not lm.post_trained:
             raise SoftevalError(f"model {lm.name} has no chat template; drop --chat")
-        self.train, self.val = _train_and_validation(spec, config, data_dir)
+        self.train, self.val, self.eval_rows_in_tuning = _train_and_validation(spec, config, data_dir)
         if config.batch_size > len(self.train):
             log.log(_level(config, "batch_size"), "tuning batch size %d: %s has %d training rows, and each step takes all of them",
                     config.batch_size, spec.name, len(self.train))
@@ -166,7 +167,10 @@ class Tuner:
             samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
         metrics = aggregate(samples, n_resamples=200)
-        return {"val_loss": val_loss, **{m: metrics[m].value for m in CURVE_METRICS}}
+        # each validation row's outcomes, in the slice's fixed order: a step's metrics pair with
+        # another step's row by row (the findings' saturation and knowledge tests)
+        outcomes = {m: [int(getattr(s, ROW_METRICS[m])) for s in samples] for m in CURVE_METRICS}
+        return {"val_loss": val_loss, **{m: metrics[m].value for m in CURVE_METRICS}, "rows": outcomes}
 
     # --- checkpoints: safetensors only, never pickles --------------------------------------------
 
@@ -317,11 +321,13 @@ def tune(
         state = _train(tuner, output / "checkpoint.safetensors", resume, progress)
         summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
             "steps": config.steps,
-            "final": state.curve[-1],
+            "final": {k: v for k, v in state.curve[-1].items() if k != "rows"},
             "trainable_parameters": tuner.n_trainable,
             # the whole run's tuning time, resumed parts (and sweep trials) included
             "tuning_seconds": round(state.seconds + prior_seconds, 2),
             "engine": tuner.engine.check,  # the path the tuning ran on (softeval.selfcheck)
+            # evaluation rows among the tuning rows: its cells are flagged (none unless the spec allows them)
+            "eval_rows_in_tuning": tuner.eval_rows_in_tuning,
         }
         if tuner.lora_targets is not None:
             summary["lora_targets"] = tuner.lora_targets  # as resolved for this model
@@ -477,20 +483,21 @@ def _level(config: TuneConfig, setting: str) -> int:
     return logging.INFO if getattr(config, setting) == TuneConfig.model_fields[setting].default else logging.WARNING
 
 
-def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple[list[Example], list[Example]]:
+def _train_and_validation(spec: TaskSpec, config: TuneConfig, data_dir) -> tuple[list[Example], list[Example], int]:
     """Training pool and a fixed validation slice: the task's validation split where it has one,
-    otherwise a seeded slice held out of the tuning split."""
-    train = load_examples(spec, spec.dataset.tune_split, data_dir)
+    otherwise a seeded slice held out of the tuning split; and how many evaluation rows the
+    tuning split kept (none, unless the spec allows tuning on them)."""
+    train, shared = apart_from_evaluation(spec, load_examples(spec, spec.dataset.tune_split, data_dir), data_dir)
     if spec.dataset.validation_split and spec.dataset.validation_split != spec.dataset.tune_split:
         val = load_examples(spec, spec.dataset.validation_split, data_dir, limit=config.val_size, seed=config.seed)
         if config.val_size > len(val):
             log.log(_level(config, "val_size"), "validation size %d: %s's %s split has %d rows; validating on those",
                     config.val_size, spec.name, spec.dataset.validation_split, len(val))
-        return train, val
+        return train, val, shared
     check_tuning_rows(spec, len(train))
     n_held = min(config.val_size, len(train) // 5)
     if n_held < config.val_size:
         log.log(_level(config, "val_size"), "validation size %d: only %d rows (a fifth of %s's tuning split) are held out; validating on those",
                 config.val_size, n_held, spec.name)
     held = set(random.Random(config.seed).sample(range(len(train)), n_held))
-    return [e for i, e in enumerate(train) if i not in held], [e for i, e in enumerate(train) if i in held]
+    return [e for i, e in enumerate(train) if i not in held], [e for i, e in enumerate(train) if i in held], shared

@@ -1,0 +1,297 @@
+"""The findings: constructed curves, paired differences, rankings and agreements whose verdict is
+known, every verdict of every claim; and a tiny-model study end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import STUDY_ROWS, write_study
+from typer.testing import CliRunner
+
+from softeval import findings as F
+from softeval.cli import app
+
+WHERE = {"model": "m", "task": "t", "chat": False}
+
+
+def curve(steps: list[int], format_rows: list[list[int]], knowledge_rows: list[list[int]] | None = None) -> list[dict]:
+    """A tuning curve of per-row outcomes at each validation step."""
+    knowledge_rows = knowledge_rows or [[1] * len(format_rows[0])] * len(steps)
+    return [{"step": s, "rows": {"format_following": f, "knowledge": k, "task_accuracy": f}} for s, f, k in zip(steps, format_rows, knowledge_rows)]
+
+
+def switching(n: int, at: dict[int, int], steps: list[int]) -> list[list[int]]:
+    """Rows of format outcomes: `at[row]` is the step from which row `row` follows the format."""
+    return [[int(s >= at.get(r, 0)) for r in range(n)] for s in steps]
+
+
+STEPS = [0, 10, 20, 30, 40]
+
+
+def test_saturation_holds_where_format_following_plateaus_early():
+    rows = switching(20, {r: 10 for r in range(20)}, STEPS)
+    finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
+    assert (finding.verdict, finding.value, finding.ci_low, finding.ci_high) == ("holds", 10, 10, 10)
+
+
+def test_saturation_does_not_hold_where_the_plateau_comes_after_the_budget():
+    steps = [0, 50, 100, 150, 200]
+    rows = switching(20, {r: 150 for r in range(20)}, steps)
+    finding = F._saturation(curve(steps, rows), 8, WHERE, [])
+    assert finding.verdict == "does not hold" and finding.ci_low == 150
+    # with batch 32 the budget is 20 steps
+    assert F._saturation(curve(STEPS, switching(20, {r: 40 for r in range(20)}, STEPS)), 32, WHERE, []).verdict == "does not hold"
+
+
+def test_saturation_does_not_hold_at_a_low_plateau():
+    rows = [[int(r < 2) for r in range(20)] for _ in STEPS]  # 10% follow the format throughout
+    finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
+    assert finding.verdict == "does not hold" and "ends at 10%" in finding.reason
+
+
+def test_saturation_is_undetermined_while_still_rising_or_where_the_interval_spans_the_budget():
+    rising = switching(20, {r: 10 * (r % 5) for r in range(20)}, STEPS)  # 20% more rows each step, 80% at the end
+    rising[-1] = [int(r < 16) for r in range(20)]
+    finding = F._saturation(curve(STEPS, rising), 8, WHERE, [])
+    assert finding.verdict == "undetermined" and "still be rising" in finding.reason
+    # 19 rows follow from step 40, one from step 120: at 95% of the plateau the step is 40, or 120
+    # where a resample draws the late row twice
+    steps = [0, 40, 80, 120]
+    rows = switching(20, {r: 40 for r in range(19)} | {19: 120}, steps)
+    finding = F._saturation(curve(steps, rows), 8, WHERE, [])
+    assert finding.value == 40 and finding.ci_high == 120
+    assert finding.verdict == "undetermined" and "spans the budget" in finding.reason
+
+
+def test_saturation_on_a_flagged_cell_or_without_a_batch_size_is_undetermined():
+    rows = switching(20, {r: 10 for r in range(20)}, STEPS)
+    assert F._saturation(curve(STEPS, rows), 8, WHERE, ["collapsed: A 90%"]).verdict == "undetermined"
+    assert F._saturation(curve(STEPS, rows), None, WHERE, []).verdict == "undetermined"
+
+
+@pytest.mark.parametrize(
+    ("points", "problem"),
+    [(None, "no tuning curve"), ([{"step": 0, "format_following": 0.5}], "no per-row outcomes"),
+     (curve([0], [[1] * 20]), "a single validation step"), (curve([0, 10], [[1] * 4, [1] * 4]), "4 validation rows")],
+)
+def test_curves_that_cannot_decide_say_why(points, problem):
+    assert problem in F._curve_problem(points)
+
+
+def test_knowledge_flat_every_verdict():
+    same = curve([0, 40], [[1] * 40] * 2, [[int(r % 2 == 0) for r in range(40)]] * 2)
+    assert F._knowledge_flat(same, WHERE, []).verdict == "holds"
+    risen = curve([0, 40], [[1] * 40] * 2, [[int(r < 8) for r in range(40)], [int(r < 32) for r in range(40)]])
+    finding = F._knowledge_flat(risen, WHERE, [])
+    assert finding.verdict == "does not hold" and finding.value == pytest.approx(0.6)
+    noisy = curve([0, 40], [[1] * 40] * 2, [[int(r < 20) for r in range(40)], [int(4 <= r < 24) or int(r < 2) for r in range(40)]])
+    assert F._knowledge_flat(noisy, WHERE, []).verdict == "undetermined"
+    assert F._knowledge_flat(same, WHERE, ["at chance (25%)"]).verdict == "undetermined"
+
+
+def comparison(model: str, method: str, baseline: str, low: float | None, high: float | None, *, chat: bool = False) -> dict:
+    d = {"value": None if low is None else (low + high) / 2, "ci_low": low, "ci_high": high, "excludes_zero": False, "n": 50}
+    return {"model": model, "task": "t", "chat": chat, "method": method, "baseline": baseline, "n": 50,
+            "task_accuracy": d, "format_following": d, "knowledge": d}
+
+
+@pytest.mark.parametrize(("low", "high", "verdict"), [(0.05, 0.2, "holds"), (-0.2, -0.01, "does not hold"), (-0.1, 0.0, "does not hold"),
+                                                      (-0.05, 0.1, "undetermined"), (None, None, "undetermined")])
+def test_soft_prompt_above_a_baseline(low, high, verdict):
+    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", low, high)], {"base": "base"}, {})
+    assert [(f.claim, f.verdict) for f in found if f.model] == [("above_zero_shot", verdict)]
+
+
+def test_paired_findings_rest_on_unflagged_cells_and_say_what_is_missing():
+    flags = {("base", "t", "zero-shot", False): ["at chance (25%)"]}
+    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", 0.1, 0.3)], {"base": "base"}, flags)
+    above = next(f for f in found if f.claim == "above_zero_shot")
+    assert above.verdict == "undetermined" and "at chance" in above.reason
+    by_claim = {f.claim: f for f in found}
+    assert by_claim["above_few_shot"].verdict == "not applicable" and "few-shot cells" in by_claim["above_few_shot"].reason
+    assert by_claim["post_trained_format"].verdict == "not applicable" and by_claim["post_trained_format"].reason == "no post-trained model"
+    found = F._paired_findings([], {"post": "post-trained"}, {})
+    assert next(f for f in found if f.claim == "above_zero_shot").reason.startswith("no base model")
+
+
+def test_post_trained_format_uses_the_chat_cells_where_there_are_some():
+    found = F._paired_findings(
+        [comparison("post", "soft-prompt", "zero-shot", -0.1, 0.05), comparison("post", "soft-prompt", "zero-shot", 0.2, 0.5, chat=True)],
+        {"post": "post-trained"}, {},
+    )
+    (finding,) = [f for f in found if f.claim == "post_trained_format"]
+    assert finding.chat and finding.verdict == "holds" and "format following" in finding.statistic
+
+
+def write_ranking(folder, low: float, high: float, *, families: int = 3) -> None:
+    models = {}
+    for i in range(families):
+        models[f"b{i}"] = {"model": f"b{i}", "family": f"f{i}", "role": "base"}
+        models[f"p{i}"] = {"model": f"p{i}", "family": f"f{i}", "role": "post-trained"}
+    (folder / "models.json").write_text(json.dumps(models))
+    tau = {"value": (low + high) / 2, "ci_low": low, "ci_high": high}
+    ranking = {
+        "families": {f"f{i}": {"base": f"b{i}", "post-trained": f"p{i}"} for i in range(families)},
+        "reference": {"method": "zero-shot", "chat": True, "metric": "task_accuracy"}, "tasks": ["t"],
+        "by_metric": {"task_accuracy": {"tau_pairwise": {"soft-prompt - zero-shot": tau, "soft-prompt - few-shot": tau}}},
+    }
+    (folder / "ranking.json").write_text(json.dumps(ranking))
+
+
+@pytest.mark.parametrize(("low", "high", "verdict"), [(0.1, 0.6, "holds"), (-0.8, -0.2, "does not hold"), (-0.4, 0.6, "undetermined")])
+def test_ranking_findings(tmp_path, low, high, verdict):
+    write_ranking(tmp_path, low, high)
+    found = F._ranking_findings(tmp_path, {}, {})
+    assert [(f.claim, f.verdict) for f in found] == [("ranking_vs_zero_shot", verdict), ("ranking_vs_few_shot", verdict)]
+
+
+def test_ranking_findings_on_flagged_cells_or_too_few_families(tmp_path):
+    write_ranking(tmp_path, 0.1, 0.6)
+    key = ("b0", "t", "soft-prompt", False)
+    found = F._ranking_findings(tmp_path, {key: object()}, {key: ["collapsed: A 80%"]})
+    assert {f.verdict for f in found} == {"undetermined"}
+    write_ranking(tmp_path, 0.1, 0.6, families=2)
+    found = F._ranking_findings(tmp_path, {}, {})
+    assert {f.verdict for f in found} == {"not applicable"} and "2 families" in found[0].reason
+
+
+def agreement(low: float, high: float) -> dict:
+    r = {"value": (low + high) / 2, "ci_low": low, "ci_high": high}
+    return {"pearson": r, "tau_b": r, "n_cells": 4, "cells": [["m", "t", False]]}
+
+
+@pytest.mark.parametrize(("low", "high", "verdict"), [(0.6, 0.95, "holds"), (-0.5, 0.3, "does not hold"), (0.2, 0.9, "undetermined")])
+def test_soft_prompt_and_lora_line_up(low, high, verdict):
+    assert F._lora_finding(agreement(low, high), {}).verdict == verdict
+
+
+def test_soft_prompt_and_lora_without_cells_or_on_flagged_cells():
+    assert F._lora_finding(None, {}).verdict == "not applicable"
+    flags = {("m", "t", "lora", False): ["no strict answers"]}
+    assert F._lora_finding(agreement(0.6, 0.95), flags).verdict == "undetermined"
+
+
+def test_saturation_step_over_resamples_matches_one_at_a_time():
+    rng = np.random.default_rng(3)
+    means = np.sort(rng.random((6, 50)), axis=0)
+    steps = [0, 10, 20, 30, 40, 50]
+    together = F.saturation_step(steps, means)
+    assert together.tolist() == [int(F.saturation_step(steps, means[:, j])) for j in range(50)]
+
+
+def test_a_tiny_study_states_its_findings_everywhere(tmp_path, family_dirs):
+    """Three families, every method: every claim is stated, in comparison.json, first in
+    comparison.md and in the terminal."""
+    study = write_study(tmp_path, family_dirs, ["zero-shot", "few-shot", "soft-prompt", "lora"], rows=STUDY_ROWS,
+                        tuning={"steps": 4, "eval_every": 2, "val_size": 12, "batch_size": 2, "length": 2})
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["study", str(study), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "comparison.json").read_text())["findings"]
+    assert {f["claim"] for f in saved} == set(F.CLAIMS)
+    assert all(f["verdict"] in ("holds", "does not hold", "undetermined", "not applicable") for f in saved)
+    by_claim = {}
+    for f in saved:
+        by_claim.setdefault(f["claim"], []).append(f)
+    assert len(by_claim["saturation"]) == 6 + 3  # a soft prompt per base model, two per post-trained one
+    assert {f["model"] for f in by_claim["above_zero_shot"]} == {"alpha-base0", "beta-base0", "gamma-base0"}
+    assert all(f["chat"] for f in by_claim["post_trained_format"])
+    assert all(f["verdict"] != "not applicable" for f in by_claim["ranking_vs_zero_shot"] + by_claim["soft_prompt_vs_lora"])
+    # a fifth of 24 tuning rows is held out for validation: too few to read a curve
+    assert all(f["verdict"] == "undetermined" and "4 validation rows" in f["reason"] for f in by_claim["saturation"])
+    report = (out / "comparison.md").read_text()
+    assert report.index("## Findings") < report.index("## Cells")
+    assert "findings (95% intervals)" in result.output and "soft-prompt and LoRA scores line up" in result.output
+
+
+# --- numbers a finding must not rest on -----------------------------------------------------------
+
+
+def test_tuning_on_the_evaluation_split_is_refused_before_work(tmp_path, tiny_model_dirs):
+    from conftest import ROWS, write_user_task
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    spec = task.read_text().replace("tune_split: train", "tune_split: test")
+    task.write_text(spec)
+    args = ["run", "--model", str(tiny_model_dirs["llama"]), "--task", str(task), "--method", "soft-prompt", "--steps", "1", "--output", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args)
+    assert str(result.exception) == (
+        "task capitals tunes on its evaluation split 'test': soft-prompt and LoRA scores would be measured on the rows they were tuned on; "
+        "give the spec a tune_split of other rows (or dataset.tune_on_eval_rows: true to run it, flagged)"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_tuning_rows_that_ask_an_evaluation_question_are_left_out(tmp_path, tiny_llama, caplog):
+    from conftest import ROWS, write_user_task
+
+    from softeval.settings import TuneConfig
+    from softeval.task import load_task
+    from softeval.tune import Tuner
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    train = tmp_path / "train.jsonl"
+    lines = train.read_text().splitlines()
+    # two tuning rows ask, in other spacing and case, what evaluation rows ask
+    lines[:2] = [json.dumps({**json.loads(line), "q": "  capital of FRANCE? "}) for line in lines[:2]]
+    train.write_text("\n".join(lines) + "\n")
+    with caplog.at_level("INFO", logger="softeval"):
+        tuner = Tuner(tiny_llama, load_task(task), TuneConfig(length=2, val_size=2))
+    assert len(tuner.train) + len(tuner.val) == 18 and tuner.eval_rows_in_tuning == 0
+    assert "2 of the 20 rows of its tuning split ask what an evaluation row asks; tuning leaves them out" in caplog.text
+    train.write_text((tmp_path / "test.jsonl").read_text())  # the same rows under another split name
+    with pytest.raises(Exception, match="every row of its tuning split 'train' asks what a row of its evaluation split 'test' asks"):
+        Tuner(tiny_llama, load_task(task), TuneConfig(length=2, val_size=2))
+
+
+def test_tuning_on_evaluation_rows_where_allowed_flags_the_cells(tmp_path, tiny_model_dirs):
+    from conftest import ROWS, write_user_task
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    task.write_text(task.read_text().replace("tune_split: train", "tune_split: test\n  tune_on_eval_rows: true"))
+    out = tmp_path / "o"
+    args = ["run", "--model", str(tiny_model_dirs["llama"]), "--task", str(task), "--method", "zero-shot,soft-prompt", "--steps", "1",
+            "--val-size", "4", "--length", "2", "--output", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    cells = {c["method"]: c for c in json.loads((out / "comparison.json").read_text())["cells"]}
+    assert "tuned on its evaluation rows" in cells["soft-prompt"]["diagnostics"]["flags"]
+    assert "tuned on its evaluation rows" not in cells["zero-shot"]["diagnostics"]["flags"]
+
+
+def test_a_cell_of_mostly_empty_completions_is_flagged_with_the_chat_hint(tiny_llama):
+    from softeval.metrics import Metric, Sample, diagnose
+
+    def sample(completion: str) -> Sample:
+        return Sample(index=0, source="s", prompt="p", n_demos=0, truncated=False, raw_completion=completion, completion=completion,
+                      stop_reason="eos", gold="A", strict_answer=None, strict_failure="empty", lenient_answer=None, lenient_status="no_answer",
+                      lenient_note=None, format_ok=bool(completion), task_correct=False, lenient_correct=False, knowledge_correct=False)
+
+    diagnostics = diagnose([sample("")] * 6 + [sample("A")] * 4, Metric(value=0.0, ci_low=0.0, ci_high=0.0), None)
+    assert diagnostics.flags == ["mostly empty (60%)"]
+    diagnostics.chat_template_unused = True
+    assert diagnostics.flags == ["mostly empty (60%)", "--chat runs it with its chat template"]
+
+
+def test_a_whole_sentence_is_no_bare_short_answer(mirror, tmp_path):
+    """TriviaQA's gold answers are a few words: 99% of its tuning split's have at most 5, so a
+    sentence of six does not follow the format; results.json says which rule a cell used."""
+    from softeval.data import load_examples, with_answer_words
+    from softeval.task import load_task
+
+    spec = with_answer_words(load_task("triviaqa"), mirror)
+    assert spec.answer_words == (5, "99% of the 2000 gold answers of split 'train' have at most 5")
+    example = load_examples(spec, "validation", mirror, limit=1)[0]
+    assert spec.format.strict("The capital of France is Paris.", example).status == "no_answer"
+    assert spec.format.strict("Paris", example).status == "answer"
+    assert load_task("triviaqa").sha256() == spec.sha256()  # what the spec says is unchanged
+
+
+def test_a_model_may_declare_its_role_alone(tmp_path):
+    from softeval.settings import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text("models: [{model: gemma-3-270m, role: base}, {model: smollm2-135m-instruct, role: post-trained}]\ntasks: [arc_easy]\n")
+    study = load_study(path)
+    assert [m.role for m in study.models] == ["base", "post-trained"] and all(m.family is None for m in study.models)
