@@ -4,6 +4,7 @@ known, every verdict of every claim; and a tiny-model study end to end."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -45,10 +46,22 @@ def test_saturation_does_not_hold_where_the_plateau_comes_after_the_budget():
     assert F._saturation(curve(STEPS, switching(20, {r: 40 for r in range(20)}, STEPS)), 32, WHERE, []).verdict == "does not hold"
 
 
-def test_saturation_does_not_hold_at_a_low_plateau():
-    rows = [[int(r < 2) for r in range(20)] for _ in STEPS]  # 10% follow the format throughout
-    finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
+def test_saturation_does_not_hold_at_a_low_plateau_after_the_budget():
+    steps = [0, 40, 80]
+    rows = [[int(r < 2) for r in range(20)] for _ in steps]  # 10% follow the format throughout
+    finding = F._saturation(curve(steps, rows), 8, WHERE, [])
     assert finding.verdict == "does not hold" and "ends at 10%" in finding.reason
+    # a run shorter than the budget may yet rise: it cannot say
+    finding = F._saturation(curve(STEPS, [[int(r < 2) for r in range(20)] for _ in STEPS]), 8, WHERE, [])
+    assert finding.verdict == "undetermined" and "short of the budget of 80 steps" in finding.reason
+
+
+def test_saturation_holds_only_where_the_final_format_following_is_surely_above_half():
+    rows = switching(20, {r: 10 for r in range(11)} | {r: 10_000 for r in range(11, 20)}, STEPS)  # 55% from step 10
+    finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
+    assert finding.value == 10 and finding.verdict == "undetermined" and "interval includes 50%" in finding.reason
+    rows = switching(20, {r: 10 for r in range(16)} | {r: 10_000 for r in range(16, 20)}, STEPS)  # 80% from step 10
+    assert F._saturation(curve(STEPS, rows), 8, WHERE, []).verdict == "holds"
 
 
 def test_saturation_is_undetermined_while_still_rising_or_where_the_interval_spans_the_budget():
@@ -73,11 +86,22 @@ def test_saturation_on_a_flagged_cell_or_without_a_batch_size_is_undetermined():
 
 @pytest.mark.parametrize(
     ("points", "problem"),
-    [(None, "no tuning curve"), ([{"step": 0, "format_following": 0.5}], "no per-row outcomes"),
-     (curve([0], [[1] * 20]), "a single validation step"), (curve([0, 10], [[1] * 4, [1] * 4]), "4 validation rows")],
+    [(None, "no readable tuning curve"), ([{"step": 0, "format_following": 0.5}], "no per-row outcomes"),
+     (curve([0], [[1] * 20]), "a single validation step"), (curve([0, 10], [[1] * 4, [1] * 4]), "4 validation rows"),
+     (curve([0, 10], [[1] * 20, [1] * 12]), "curve.json is damaged"), (curve([10, 0], [[1] * 20] * 2), "curve.json is damaged"),
+     ([{"step": 0, "rows": 3}, {"step": 1, "rows": 3}], "curve.json is damaged")],
 )
 def test_curves_that_cannot_decide_say_why(points, problem):
     assert problem in F._curve_problem(points)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"step": 0}', "[1, 2]"])
+def test_an_unreadable_curve_file_is_no_curve(tmp_path, text):
+    folder = tmp_path / "m" / "t" / "prompt"
+    folder.mkdir(parents=True)
+    (folder / "curve.json").write_text(text)
+    result = SimpleNamespace(config={"model": "m", "task": "t", "method": "soft-prompt", "chat": False, "soft_prompt": None})
+    assert F._curve(tmp_path, result) is None and "damaged curve.json" in F._curve_problem(None)
 
 
 def test_knowledge_flat_every_verdict():
@@ -100,26 +124,43 @@ def comparison(model: str, method: str, baseline: str, low: float | None, high: 
 @pytest.mark.parametrize(("low", "high", "verdict"), [(0.05, 0.2, "holds"), (-0.2, -0.01, "does not hold"), (-0.1, 0.0, "does not hold"),
                                                       (-0.05, 0.1, "undetermined"), (None, None, "undetermined")])
 def test_soft_prompt_above_a_baseline(low, high, verdict):
-    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", low, high)], {"base": "base"}, {})
+    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", low, high)], {"base": "base"}, set(), {})
     assert [(f.claim, f.verdict) for f in found if f.model] == [("above_zero_shot", verdict)]
+
+
+def test_a_finding_on_a_guessed_role_is_undetermined():
+    found = F._paired_findings([comparison("m", "soft-prompt", "zero-shot", 0.1, 0.3)], {"m": "post-trained"}, {"m"}, {})
+    (finding,) = [f for f in found if f.claim == "post_trained_format"]
+    assert finding.verdict == "undetermined" and "role is guessed from its chat template" in finding.reason
+
+
+def test_roles_come_from_the_study_then_the_cells_then_a_guess(tmp_path):
+    def cell(model: str, **config) -> SimpleNamespace:  # the config is all a role is read from
+        return SimpleNamespace(config={"model": model, "task": "t", "method": "zero-shot", "chat": False, **config})
+
+    (tmp_path / "models.json").write_text(json.dumps({"qwen": {"model": "qwen", "role": "base"}}))
+    cells = [cell("qwen", post_trained=True), cell("gemma", post_trained=False, role="base", role_from="registry"),
+             cell("user", post_trained=True), cell("old")]
+    roles, guessed = F._roles(tmp_path, cells)
+    assert roles == {"qwen": "base", "gemma": "base", "user": "post-trained", "old": None} and guessed == {"user"}
 
 
 def test_paired_findings_rest_on_unflagged_cells_and_say_what_is_missing():
     flags = {("base", "t", "zero-shot", False): ["at chance (25%)"]}
-    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", 0.1, 0.3)], {"base": "base"}, flags)
+    found = F._paired_findings([comparison("base", "soft-prompt", "zero-shot", 0.1, 0.3)], {"base": "base"}, set(), flags)
     above = next(f for f in found if f.claim == "above_zero_shot")
     assert above.verdict == "undetermined" and "at chance" in above.reason
     by_claim = {f.claim: f for f in found}
     assert by_claim["above_few_shot"].verdict == "not applicable" and "few-shot cells" in by_claim["above_few_shot"].reason
     assert by_claim["post_trained_format"].verdict == "not applicable" and by_claim["post_trained_format"].reason == "no post-trained model"
-    found = F._paired_findings([], {"post": "post-trained"}, {})
+    found = F._paired_findings([], {"post": "post-trained"}, set(), {})
     assert next(f for f in found if f.claim == "above_zero_shot").reason.startswith("no base model")
 
 
 def test_post_trained_format_uses_the_chat_cells_where_there_are_some():
     found = F._paired_findings(
         [comparison("post", "soft-prompt", "zero-shot", -0.1, 0.05), comparison("post", "soft-prompt", "zero-shot", 0.2, 0.5, chat=True)],
-        {"post": "post-trained"}, {},
+        {"post": "post-trained"}, set(), {},
     )
     (finding,) = [f for f in found if f.claim == "post_trained_format"]
     assert finding.chat and finding.verdict == "holds" and "format following" in finding.statistic
@@ -155,6 +196,29 @@ def test_ranking_findings_on_flagged_cells_or_too_few_families(tmp_path):
     write_ranking(tmp_path, 0.1, 0.6, families=2)
     found = F._ranking_findings(tmp_path, {}, {})
     assert {f.verdict for f in found} == {"not applicable"} and "2 families" in found[0].reason
+
+
+def test_a_ranking_claim_rests_only_on_the_methods_it_compares(tmp_path):
+    write_ranking(tmp_path, 0.1, 0.6)
+    key = ("b0", "t", "few-shot", False)
+    found = F._ranking_findings(tmp_path, {key: object()}, {key: ["at chance (50%)"]})
+    assert [(f.claim, f.verdict) for f in found] == [("ranking_vs_zero_shot", "holds"), ("ranking_vs_few_shot", "undetermined")]
+
+
+def test_a_ranking_of_an_older_softeval_says_to_rank_again(tmp_path):
+    write_ranking(tmp_path, 0.1, 0.6)
+    ranking = json.loads((tmp_path / "ranking.json").read_text())
+    del ranking["by_metric"]["task_accuracy"]["tau_pairwise"]
+    (tmp_path / "ranking.json").write_text(json.dumps(ranking))
+    found = F._ranking_findings(tmp_path, {}, {})
+    assert {f.verdict for f in found} == {"not applicable"} and "written by an older softeval: run softeval rank again" in found[0].reason
+    (tmp_path / "ranking.json").write_text("{")
+    assert "cannot be read" in F._ranking_findings(tmp_path, {}, {})[0].reason
+
+
+def test_cells_judged_by_other_parsers_undermine_a_finding():
+    assert F._undermining(["judged by parsers 1234abcd, one of 2 here: rerun its command", "ceiling"]) == [
+        "judged by parsers 1234abcd, one of 2 here: rerun its command"]
 
 
 def agreement(low: float, high: float) -> dict:
@@ -295,3 +359,83 @@ def test_a_model_may_declare_its_role_alone(tmp_path):
     path.write_text("models: [{model: gemma-3-270m, role: base}, {model: smollm2-135m-instruct, role: post-trained}]\ntasks: [arc_easy]\n")
     study = load_study(path)
     assert [m.role for m in study.models] == ["base", "post-trained"] and all(m.family is None for m in study.models)
+
+
+def test_tuning_and_evaluation_splits_read_from_one_file_are_refused(tmp_path, tiny_model_dirs):
+    from conftest import ROWS, write_user_task
+
+    task = write_user_task(tmp_path, ROWS * 10)
+    task.write_text(task.read_text().replace("train: train.jsonl", "train: test.jsonl"))
+    args = ["run", "--model", str(tiny_model_dirs["llama"]), "--task", str(task), "--method", "lora", "--steps", "1", "--output", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "\n" not in str(result.exception)
+    assert str(result.exception) == (
+        f"task capitals reads its tuning split 'train' and its evaluation split 'test' from one file, {tmp_path / 'test.jsonl'}: "
+        "give the spec a tune_split of other rows (or dataset.tune_on_eval_rows: true to run it, flagged)"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_prompt_that_does_not_record_its_evaluation_rows_is_tuned_again():
+    from softeval.tune import provenance_difference
+
+    wanted = {"model": {"spec": "m"}, "task": {"name": "t"}, "chat": False, "produced": {"by": "run"},
+              "data": {"tune": None, "validation": None}, "config": {}}
+    assert provenance_difference(wanted | {"eval_rows_in_tuning": 0}, wanted, sweep=False) is None
+    assert provenance_difference(wanted, wanted, sweep=False) == "record of the evaluation rows left out of tuning"
+
+
+def test_an_unused_chat_template_is_flagged_except_for_a_declared_base_model(tmp_path, tiny_llama):
+    from conftest import ROWS, write_user_task
+
+    from softeval.evaluate import evaluate
+    from softeval.task import load_task
+
+    assert tiny_llama.post_trained  # its tokenizer ships a chat template
+    spec = load_task(write_user_task(tmp_path, ROWS))
+    guessed = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+    assert guessed.diagnostics.chat_template_unused and guessed.config["role_from"] is None
+    declared = evaluate(tiny_llama, spec, "zero-shot", role="base", progress=False)
+    assert not declared.diagnostics.chat_template_unused
+    assert (declared.config["role"], declared.config["role_from"]) == ("base", "study")
+
+
+def test_a_short_answer_cell_records_its_word_rule(tmp_path, tiny_model_dirs):
+    answers = ["Paris", "Rome", "New Delhi", "Buenos Aires", "Berlin", "Salt Lake City"]
+    rows = [{"q": f"Capital number {i}?", "a": answers[i % len(answers)], "also": [answers[i % len(answers)].lower()]} for i in range(30)]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:20] if split == "train")
+                                                 + "".join(json.dumps(r) + "\n" for r in rows[20:] if split == "test"))
+    spec = {"name": "capitals_short", "answer_format": "short_answer", "fields": {"question": "q", "answer": "a", "aliases": "also"},
+            "dataset": {"path": "local/capitals_short", "eval_split": "test", "tune_split": "train", "fewshot_split": "train",
+                        "data_files": {"train": "train.jsonl", "test": "test.jsonl"}},
+            "template": "Question: {{ question }}\nAnswer:", "target": " {{ answer }}", "stop": ["\n"], "max_new_tokens": 6}
+    task = tmp_path / "capitals_short.yaml"
+    task.write_text(json.dumps(spec))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dirs["llama"]), "--task", str(task), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    (results,) = out.rglob("results.json")
+    config = json.loads(results.read_text())["config"]
+    rule = "99% of the 20 gold answers of split 'train' have at most 3"
+    assert (config["max_answer_words"], config["max_answer_words_from"]) == (3, rule)
+    assert f"Strict short answers: at most 3 words ({rule})." in (out / "comparison.md").read_text()
+
+
+def test_a_tuned_run_decides_saturation_from_its_own_curve(tmp_path, tiny_model_dirs):
+    """Enough tuning rows that twelve are held out: the verdict is read from the curve the run
+    wrote, with the step computed from its recorded per-row outcomes."""
+    from conftest import ROWS, write_user_task
+
+    task = write_user_task(tmp_path, ROWS * 30)
+    out = tmp_path / "o"
+    args = ["run", "--model", str(tiny_model_dirs["llama"]), "--task", str(task), "--method", "soft-prompt", "--steps", "4",
+            "--eval-every", "2", "--val-size", "12", "--length", "2", "--output", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    (curve_file,) = out.rglob("curve.json")
+    curve = json.loads(curve_file.read_text())
+    assert [len(point["rows"]["format_following"]) for point in curve] == [12] * len(curve)
+    (finding,) = [f for f in json.loads((out / "comparison.json").read_text())["findings"] if f["claim"] == "saturation"]
+    means = np.array([np.mean(point["rows"]["format_following"]) for point in curve])
+    assert finding["value"] == F.saturation_step([point["step"] for point in curve], means)
+    assert finding["verdict"] != "not applicable" and "validation rows" not in finding["reason"]

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from softeval.errors import SoftevalError
-from softeval.evaluate import cell_identity, evaluate, identity_difference, rejudge
+from softeval.evaluate import cell_identity, evaluate, identity_difference, model_facts, rejudge
 from softeval.lora import WEIGHTS, Adapter, load_adapter
 from softeval.models import LoadedModel
 from softeval.settings import TUNED, Study, TuneConfig
@@ -36,7 +36,8 @@ def run_unit(
                 continue
             folder = cell_folder(output, lm.name, spec.name, method, chat)
             try:
-                reports.append(_run_cell(lm, spec, study, method, chat, folder, output=output, soft=soft, data_dir=data_dir, force=force, progress=progress))
+                reports.append(_run_cell(lm, spec, study, method, chat, folder, role=role, output=output, soft=soft, data_dir=data_dir,
+                                         force=force, progress=progress))
             except SoftevalError as exc:
                 if tell_failures:
                     log.error("%s failed: %s", folder, exc)
@@ -49,14 +50,14 @@ def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
     `base` runs plain even where its tokenizer ships a chat template."""
     if not study.chat:
         return [False]
-    if role == "base" or not lm.post_trained:
-        if role is None:
+    if (role or lm.role) == "base" or not lm.post_trained:
+        if (role or lm.role) is None:
             log.warning("%s has no chat template: run without --chat", lm.name)
         return [False]
     return [False, True]
 
 
-def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, output, soft, data_dir, force, progress) -> CellReport:
+def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress) -> CellReport:
     tuned = None
     if method in TUNED:
         if method == "soft-prompt" and soft is not None:
@@ -70,7 +71,7 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
     finished = finished_identity(folder)
     if not force and finished == wanted:
         try:
-            changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed)
+            changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed, facts=model_facts(lm, role))
         except SoftevalError as exc:  # its completions are lost: computing them again costs time, not trust
             log.warning("%s; evaluating it again", exc)
         else:
@@ -81,7 +82,7 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
     elif finished is not None and not force:  # replaced, so say why: the old cell is gone after this
         log.warning("evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
     result = evaluate(
-        lm, spec, method, **settings, batch_size=study.batch_size, progress=progress,
+        lm, spec, method, **settings, batch_size=study.batch_size, role=role, progress=progress,
         soft_prompt=tuned if method == "soft-prompt" else None, adapter=tuned if method == "lora" else None,
     )
     result.save(folder)

@@ -49,6 +49,7 @@ def evaluate(
     seed: int = 0,
     data_dir: str | Path | None = None,
     batch_size: int | None = None,  # the most rows of a batch; None: the engine's budgets decide
+    role: str | None = None,  # "base" or "post-trained", as a study declares the model
     progress: bool = True,
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
@@ -96,9 +97,10 @@ def evaluate(
     if n_truncated:
         log.warning("%d of %d prompts were longer than the context and were shortened", n_truncated, len(samples))
     timings["total"] = time.perf_counter() - started
+    facts = model_facts(lm, role)
     config = {
         "model": lm.identity["spec"],
-        "post_trained": lm.post_trained,  # has a chat template, as the model was declared or found
+        **facts,
         "task": spec.name,
         "method": method,
         "chat": chat,
@@ -116,7 +118,7 @@ def evaluate(
     if spec.answer_format == "short_answer":  # the rule a strict answer followed
         config["max_answer_words"], config["max_answer_words_from"] = spec.answer_words
     tuned = soft_prompt or adapter
-    context = {"chat_template_unused": lm.post_trained and not chat, "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
+    context = {"chat_template_unused": template_unused(facts, chat), "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
     metrics, diagnostics = scores(spec, examples, samples, seed, **context)
     if diagnostics.mostly_empty:
         hint = "; it has a chat template: --chat runs it with it" if diagnostics.chat_template_unused else ""
@@ -137,6 +139,19 @@ def evaluate(
     )
 
 
+def model_facts(lm: LoadedModel, role: str | None = None) -> dict:
+    """What a cell records of its model's kind: whether it has a chat template (`post_trained`),
+    and its role with where that came from (a study's declaration, the model registry, or
+    nothing: the findings then only guess it from the chat template)."""
+    known = role or lm.role
+    return {"post_trained": lm.post_trained, "role": known, "role_from": ("study" if role else "registry") if known else None}
+
+
+def template_unused(facts: dict, chat: bool) -> bool:
+    """A chat template a cell could have used and did not: not for a model known to be base."""
+    return bool(facts.get("post_trained")) and not chat and facts.get("role") != "base"
+
+
 def scores(
     spec: TaskSpec, examples: list[Example], samples: list[Sample], seed: int, *, chat_template_unused: bool = False, tuned_on_eval_rows: bool = False
 ) -> tuple[dict[str, Metric], Diagnostics]:
@@ -151,10 +166,11 @@ def scores(
     return metrics, diagnostics
 
 
-def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int) -> int | None:
+def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int, facts: dict | None = None) -> int | None:
     """Judge a finished cell's completions again by this version's parsers, which may read them
     otherwise than the version that evaluated the cell, and rewrite the cell if anything it
     records changed: a reused cell is scored by the rules of the cells evaluated beside it.
+    `facts` (see `model_facts`) are the model's as the run knows them, recorded afresh.
     Returns how many completions are judged differently; None when nothing changed."""
     try:
         result = EvalResult.load(folder)
@@ -174,9 +190,12 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
                                  raw=s.raw_completion)
         samples.append(s.model_copy(update=judgement.model_dump()))
     known = result.diagnostics  # what the samples cannot tell, as the cell recorded it
-    context = {"chat_template_unused": bool(known and known.chat_template_unused), "tuned_on_eval_rows": bool(known and known.tuned_on_eval_rows)}
+    unused = template_unused(facts, bool(result.config.get("chat"))) if facts is not None else bool(known and known.chat_template_unused)
+    context = {"chat_template_unused": unused, "tuned_on_eval_rows": bool(known and known.tuned_on_eval_rows)}
     metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"], **context)
-    config = result.config | (dict(zip(("max_answer_words", "max_answer_words_from"), spec.answer_words)) if spec.answer_format == "short_answer" else {})
+    config = result.config | (facts or {})
+    if spec.answer_format == "short_answer":
+        config |= dict(zip(("max_answer_words", "max_answer_words_from"), spec.answer_words))
     same_code = result.versions.get("parsers") == parsers_version()
     if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics and config == result.config:
         return None

@@ -16,9 +16,10 @@ The claims and their rules:
    batch 8 (640 tuning examples). The statistic is the first validation step from which
    format-following stays at or above PLATEAU_SHARE of its final value; its interval resamples
    the validation rows (the same draw at every step). Holds where the whole interval is within
-   the budget (in this run's steps); does not hold where it is all beyond it, or where the final
-   format-following stays below MIN_PLATEAU; undetermined where the curve may still be rising
-   at its last step.
+   the budget (in this run's steps) and the final format-following is at least MIN_PLATEAU; does
+   not hold where the interval is all beyond the budget, or where a run as long as the budget
+   ends below MIN_PLATEAU; undetermined where a run shorter than the budget may still be rising
+   at its last step or has not yet reached MIN_PLATEAU.
 2. `knowledge_flat`: knowledge on the validation rows stays flat during tuning: the paired
    difference between the last validation step and step 0. Holds where the interval lies
    within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it.
@@ -38,6 +39,7 @@ The claims and their rules:
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -60,7 +62,7 @@ MIN_VALIDATION_ROWS = 10  # fewer validation rows say too little of a curve
 LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
 N_RESAMPLES = 2000
 # the cell flags that make a score mean little: a finding resting on such a cell is undetermined
-UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version")
+UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
 
 CLAIMS = {
     "saturation": "format-following saturates within ~80 steps of batch 8",
@@ -94,10 +96,10 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     flagged = cell_flags(results)
     flags = {cell_key(r): _undermining(flagged[id(r)]) for r in results}
     cells = {cell_key(r): r for r in results}
-    roles = _roles(folder, results)
+    roles, guessed = _roles(folder, results)
     findings = []
     findings += _curve_findings(folder, cells, flags)
-    findings += _paired_findings(comparisons, roles, flags)
+    findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
     findings.append(_lora_finding(agreement, flags))
     return findings
@@ -149,16 +151,31 @@ def _saturation(curve: list[dict], batch_size: int | None, where: dict, undermin
         return Finding(**finding, verdict="undetermined", reason="the tuned prompt does not record its batch size (tuned by an older softeval)")
     if undermined:
         return Finding(**finding, verdict="undetermined", reason=f"the soft-prompt cell is flagged: {', '.join(undermined)}")
-    final_high = float(np.quantile((rows[-1] @ _row_counts(rows.shape[1]).T) / rows.shape[1], (1 + CONFIDENCE) / 2))
+    final_low, final_high = _interval(rows[-1])
+    short = steps[-1] < budget  # a run shorter than the budget cannot tell what the budget reaches
     if final_high < MIN_PLATEAU:
+        if short:
+            return Finding(**finding, verdict="undetermined", reason=f"format-following is at {100 * final:.0f}% at step {steps[-1]}, "
+                           f"short of the budget of {budget:g} steps: a longer run may reach {100 * MIN_PLATEAU:.0f}%")
         return Finding(**finding, verdict="does not hold", reason=f"format-following ends at {100 * final:.0f}%, below {100 * MIN_PLATEAU:.0f}%")
-    if high >= steps[-1] and final < PLATEAU_SHARE:
+    if final_low < MIN_PLATEAU:
+        return Finding(**finding, verdict="undetermined", reason=f"the final format-following's interval includes {100 * MIN_PLATEAU:.0f}%")
+    # a plateau reached only at the last step may be a curve still rising, unless it has no room
+    # left to rise out of the plateau (even 100% would keep the last step within it)
+    if high >= steps[-1] and short and final < PLATEAU_SHARE:
         return Finding(**finding, verdict="undetermined", reason=f"format-following may still be rising at the run's last step ({steps[-1]})")
     if high <= budget:
         return Finding(**finding, verdict="holds", reason=f"saturated by step {high:g} at the latest, within {budget:g}")
     if low > budget:
         return Finding(**finding, verdict="does not hold", reason=f"saturated after step {low:g} at the earliest, beyond {budget:g}")
     return Finding(**finding, verdict="undetermined", reason=f"the interval spans the budget of {budget:g} steps")
+
+
+def _interval(outcomes: np.ndarray) -> tuple[float, float]:
+    """The 95% interval of a mean of per-row outcomes, by the findings' resamples."""
+    boot = _row_counts(len(outcomes)) @ outcomes / len(outcomes)
+    low, high = np.quantile(boot, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
+    return float(low), float(high)
 
 
 def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Finding:
@@ -187,26 +204,35 @@ def _curve(folder: Path, result: EvalResult) -> list[dict] | None:
     for path in candidates:
         if path.is_file():
             try:
-                return json.loads(path.read_text(encoding="utf-8"))
+                curve = json.loads(path.read_text(encoding="utf-8"))
             except ValueError:
                 return None
+            return curve if isinstance(curve, list) and all(isinstance(point, dict) for point in curve) else None
     return None
 
 
 def _curve_problem(curve: list[dict] | None) -> str | None:
     """Why a curve cannot state findings 1 and 2, or None."""
     if not curve:
-        return "no tuning curve beside its soft prompt (a given prompt, or one tuned elsewhere)"
+        return "no readable tuning curve beside its soft prompt (a given prompt, one tuned elsewhere, or a damaged curve.json)"
     if any("rows" not in point for point in curve):
         return "its tuning curve records no per-row outcomes (tuned by an older softeval): retune it with --force"
     if len(curve) < 2:
         return "its tuning curve has a single validation step"
-    n = len(curve[0]["rows"]["format_following"])
+    try:
+        lengths = {len(point["rows"][metric]) for point in curve for metric in ("format_following", "knowledge")}
+        steps = [int(point["step"]) for point in curve]
+    except (KeyError, TypeError, ValueError):
+        lengths, steps = set(), []
+    if len(lengths) != 1 or steps != sorted(steps):
+        return "its tuning curve.json is damaged (points without steps or per-row outcomes): retune it with --force"
+    n = lengths.pop()
     if n < MIN_VALIDATION_ROWS:
         return f"{n} validation rows; at least {MIN_VALIDATION_ROWS} are needed"
     return None
 
 
+@lru_cache(maxsize=8)
 def _row_counts(n_rows: int) -> np.ndarray:
     """(N_RESAMPLES, n_rows): how often each validation row is drawn in each resample."""
     draws = np.random.default_rng(0).integers(0, n_rows, size=(N_RESAMPLES, n_rows))
@@ -216,17 +242,17 @@ def _row_counts(n_rows: int) -> np.ndarray:
 # --- 3 and 4: paired differences -----------------------------------------------------------------
 
 
-def _paired_findings(comparisons: list[dict], roles: dict[str, str | None], flags: dict) -> list[Finding]:
+def _paired_findings(comparisons: list[dict], roles: dict[str, str | None], guessed: set[str], flags: dict) -> list[Finding]:
     findings = []
     base = [m for m, role in roles.items() if role == "base"]
     post = [m for m, role in roles.items() if role == "post-trained"]
     for claim, baseline in (("above_zero_shot", "zero-shot"), ("above_few_shot", "few-shot")):
         found = [c for c in comparisons if c["model"] in base and not c["chat"] and (c["method"], c["baseline"]) == ("soft-prompt", baseline)]
         if not base:
-            findings.append(Finding(claim=claim, verdict="not applicable", reason="no base model (declare role: base, or run a model without a chat template)"))
+            findings.append(Finding(claim=claim, verdict="not applicable", reason="no base model (declare role: base in a study file)"))
         elif not found:
             findings.append(Finding(claim=claim, verdict="not applicable", reason=f"no base model has both soft-prompt and {baseline} cells"))
-        findings += [_above(claim, c, "task_accuracy", flags) for c in found]
+        findings += [_above(claim, c, "task_accuracy", flags, guessed) for c in found]
     chat_pairs = {(c["model"], c["task"]) for c in comparisons if c["chat"] and (c["method"], c["baseline"]) == ("soft-prompt", "zero-shot")}
     found = [
         c for c in comparisons
@@ -236,11 +262,11 @@ def _paired_findings(comparisons: list[dict], roles: dict[str, str | None], flag
         findings.append(Finding(claim="post_trained_format", verdict="not applicable", reason="no post-trained model"))
     elif not found:
         findings.append(Finding(claim="post_trained_format", verdict="not applicable", reason="no post-trained model has both soft-prompt and zero-shot cells"))
-    findings += [_above("post_trained_format", c, "format_following", flags) for c in found]
+    findings += [_above("post_trained_format", c, "format_following", flags, guessed) for c in found]
     return findings
 
 
-def _above(claim: str, comparison: dict, metric: str, flags: dict) -> Finding:
+def _above(claim: str, comparison: dict, metric: str, flags: dict, guessed: set[str]) -> Finding:
     """A method above its baseline on `metric` by the paired difference's interval."""
     d = comparison[metric]
     model, task, chat, baseline = comparison["model"], comparison["task"], comparison["chat"], comparison["baseline"]
@@ -249,6 +275,9 @@ def _above(claim: str, comparison: dict, metric: str, flags: dict) -> Finding:
     undermined = sorted({f for method in ("soft-prompt", baseline) for f in flags.get((model, task, method, chat), [])})
     if undermined:
         return Finding(**finding, verdict="undetermined", reason=f"a cell it rests on is flagged: {', '.join(undermined)}")
+    if model in guessed:
+        return Finding(**finding, verdict="undetermined", reason=f"{model}'s role is guessed from its chat template (a base model may have one): "
+                       "declare it in a study file (role: base or role: post-trained)")
     return Finding(**finding, **_sign_verdict(d["ci_low"], d["ci_high"]))
 
 
@@ -274,14 +303,19 @@ def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
         if n_families >= MIN_FAMILIES:
             reason = "no ranking: the study lacks cells it needs (see the log)"
         return [Finding(claim=c, verdict="not applicable", reason=reason) for c, _ in claims]
-    ranking = json.loads(path.read_text(encoding="utf-8"))
-    metric = ranking["reference"]["metric"]
-    comparison = ranking["by_metric"].get(metric, {})
-    ranked = _ranked_cells(ranking, cells)
-    undermined = sorted({f for key in ranked for f in flags.get(key, [])})
+    try:
+        ranking = json.loads(path.read_text(encoding="utf-8"))
+        metric = ranking["reference"]["metric"]
+        comparison = ranking["by_metric"][metric]
+    except (ValueError, KeyError, TypeError):
+        return [Finding(claim=c, verdict="not applicable", reason=f"{path} cannot be read: run softeval rank again") for c, _ in claims]
+    if "tau_pairwise" not in comparison:
+        return [Finding(claim=c, verdict="not applicable", reason=f"{path} was written by an older softeval: run softeval rank again") for c, _ in claims]
     findings = []
     for claim, other in claims:
-        d = comparison.get("tau_pairwise", {}).get(f"soft-prompt - {other}")
+        ranked = _ranked_cells(ranking, cells, ("soft-prompt", other))
+        undermined = sorted({f for key in ranked for f in flags.get(key, [])})
+        d = comparison["tau_pairwise"].get(f"soft-prompt - {other}")
         if d is None:
             findings.append(Finding(claim=claim, verdict="not applicable", reason=f"the ranking has no soft-prompt and {other} cells of every base model"))
             continue
@@ -294,13 +328,14 @@ def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
     return findings
 
 
-def _ranked_cells(ranking: dict, cells: dict) -> list[tuple]:
-    """The cells a ranking rests on: every base model's, and the post-trained references'."""
+def _ranked_cells(ranking: dict, cells: dict, methods: tuple[str, ...]) -> list[tuple]:
+    """The cells a ranking claim rests on: the base models' cells of the methods it compares, and
+    the post-trained references'."""
     reference = ranking["reference"]
     keys = []
     for roles in ranking["families"].values():
         for task in ranking["tasks"]:
-            keys += [(roles["base"], task, method, False) for method in ("soft-prompt", "zero-shot", "few-shot")]
+            keys += [(roles["base"], task, method, False) for method in methods]
             keys.append((roles["post-trained"], task, reference["method"], reference["chat"]))
     return [k for k in keys if k in cells]
 
@@ -335,20 +370,29 @@ def _undermining(flags: list[str]) -> list[str]:
     return [f for f in flags if f.startswith(UNDERMINING)]
 
 
-def _roles(folder: Path, results: list[EvalResult]) -> dict[str, str | None]:
-    """Each model's role: as the study declared it (models.json), else as its cells recorded it
-    (a model with a chat template counts as post-trained), else None."""
+def _roles(folder: Path, results: list[EvalResult]) -> tuple[dict[str, str | None], set[str]]:
+    """Each model's role, and the models whose role is only a guess. The role is as a study
+    declared it (models.json) or as its cells recorded it (declared, or known to the model
+    registry); failing those it is guessed from the chat template (a base model may ship one,
+    as Qwen's do), and a finding on a guessed role is undetermined."""
     path = folder / MODELS_FILE
-    declared = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    roles: dict[str, str | None] = {}
+    try:
+        declared = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError:
+        declared = {}
+    known: dict[str, str] = {}
+    guesses: dict[str, str] = {}
     for r in results:
         name = cell_key(r)[0]
-        recorded = r.config.get("post_trained")
-        inferred = None if recorded is None else ("post-trained" if recorded else "base")
-        if bool(r.config.get("chat")):
-            inferred = "post-trained"
-        roles[name] = (declared.get(name) or {}).get("role") or roles.get(name) or inferred
-    return roles
+        role = (declared.get(name) or {}).get("role") or r.config.get("role")
+        if role:
+            known[name] = role
+        elif "post_trained" in r.config or r.config.get("chat"):
+            template = bool(r.config.get("chat") or r.config.get("post_trained")) or guesses.get(name) == "post-trained"
+            guesses[name] = "post-trained" if template else "base"
+    roles = {name: known.get(name) or guesses.get(name) for name in (cell_key(r)[0] for r in results)}
+    guessed = {name for name in guesses if name not in known}
+    return roles, guessed
 
 
 # --- how findings are shown ----------------------------------------------------------------------

@@ -95,12 +95,13 @@ class LoadedModel:
 
     name: str
     tokenizer: object
-    post_trained: bool  # has a chat template
+    post_trained: bool  # has a chat template (and is not known to be a base model)
     bos_token_id: int | None  # prepended to every prompt when the tokenizer does so itself
     eos_token_ids: list[int]
     context_length: int
     identity: dict
     load_weights: Callable[[], torch.nn.Module] = field(repr=False)
+    role: str | None = None  # "base" or "post-trained" where the model registry says so
     _model: torch.nn.Module | None = field(default=None, repr=False)
     _failure: SoftevalError | None = field(default=None, repr=False)  # weights that could not load, tried once
 
@@ -369,6 +370,7 @@ def _describe(spec, network, tokenizer, identity: dict, post_trained_hint: bool 
         context_length=int(context),
         identity=identity,
         load_weights=load_weights,
+        role=None if post_trained_hint is None else ("post-trained" if post_trained_hint else "base"),
     )
 
 

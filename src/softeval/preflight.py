@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from softeval._io import fix_for
-from softeval.data import DATA_ENV, load_examples, resolve_data_dir
+from softeval.data import DATA_ENV, load_examples, resolve_data_dir, split_source
 from softeval.errors import SoftevalError
 from softeval.models import model_kind
 from softeval.settings import check_tuning_rows
@@ -55,18 +55,27 @@ def check_before_work(
         if "few-shot" in methods:
             check_demonstrations(spec, k, sizes)
         if tuning:
-            check_tuning_apart(spec)
+            check_tuning_apart(spec, data_dir)
             check_tuning_rows(spec, sizes[spec.dataset.tune_split])
     for folder in outputs:
         check_output(folder)
 
 
-def check_tuning_apart(spec: TaskSpec) -> None:
+def check_tuning_apart(spec: TaskSpec, data_dir=None) -> None:
     """Tuning reads other rows than evaluation scores (unless the spec allows it): a soft prompt
-    tuned on its evaluation rows scores what it memorised. (Rows of another split with the same
-    content are left out of tuning when it starts: see `data.apart_from_evaluation`.)"""
+    tuned on its evaluation rows scores what it memorised. The same split, or two split names
+    read from one file, are refused here; rows of another file with an evaluation row's content
+    are left out of tuning when it starts (see `data.apart_from_evaluation`)."""
     ds = spec.dataset
-    if ds.tune_split == ds.eval_split and not ds.tune_on_eval_rows:
+    if ds.tune_on_eval_rows:
+        return
+    tune_source, eval_source = (split_source(spec, split, data_dir) for split in (ds.tune_split, ds.eval_split))
+    if ds.tune_split != ds.eval_split and isinstance(tune_source, Path) and tune_source.resolve() == Path(eval_source).resolve():
+        raise SoftevalError(
+            f"task {spec.name} reads its tuning split '{ds.tune_split}' and its evaluation split '{ds.eval_split}' from one file, "
+            f"{tune_source}: give the spec a tune_split of other rows (or dataset.tune_on_eval_rows: true to run it, flagged)"
+        )
+    if ds.tune_split == ds.eval_split:
         raise SoftevalError(
             f"task {spec.name} tunes on its evaluation split '{ds.eval_split}': soft-prompt and LoRA scores would be measured on the rows "
             "they were tuned on; give the spec a tune_split of other rows (or dataset.tune_on_eval_rows: true to run it, flagged)"

@@ -174,7 +174,7 @@ class Study(BaseModel):
         for family, found in roles.items():
             if len(found) < 2:
                 missing = ({"base", "post-trained"} - found).pop()
-                raise ValueError(f"family '{family}' has no {missing} model; add it or drop the family and role")
+                raise ValueError(f"family '{family}' has no {missing} model; add it, or drop the family (a role alone may stay)")
         if roles and (self.reference or Reference()).chat and not self.chat:
             raise ValueError("the ranking's reference is the post-trained models' chat-template cells: set chat: true (or reference.chat: false)")
         return self

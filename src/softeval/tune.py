@@ -433,9 +433,13 @@ def provenance(lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir, pr
 
 def provenance_difference(saved: dict, wanted: dict, *, sweep: bool) -> str | None:
     """What differs between a saved prompt's provenance and the one a run wants, or None.
-    A sweep chooses lr and init itself, so those settings are not compared for one."""
+    A sweep chooses lr and init itself, so those settings are not compared for one. A prompt
+    that does not record whether evaluation rows were among its tuning rows (tuned before they
+    were left out) is tuned again: it may have been tuned on the rows it is scored on."""
     if model_difference(saved.get("model", {}), wanted["model"]):
         return "model"
+    if "eval_rows_in_tuning" not in saved:
+        return "record of the evaluation rows left out of tuning"
     for key in ("task", "chat", "produced"):
         if saved.get(key) != wanted[key]:
             return key
