@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine  # noqa: E402
-from softeval.metrics import score_sample  # noqa: E402
 from softeval.models import prepare_alias  # noqa: E402
-from softeval.prompts import PromptBuilder  # noqa: E402
+from softeval.scoring import score_sample  # noqa: E402
+from softeval.tasks import PromptBuilder  # noqa: E402
 
 LM_EVAL_TASK = """\
 task: arc_easy_mirror

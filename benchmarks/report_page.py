@@ -142,7 +142,7 @@ def number_prompt(q: dict, demos: list[dict]) -> str:
 
 def mc_sample(rng: random.Random, q: dict, prompt: str, skill: float):
     """A multiple-choice sample with the outcome drawn from the cell's skill."""
-    from softeval.metrics import Sample
+    from softeval.scoring.metrics import Sample
 
     gold = LETTERS[q["gold"]]
     wrong = rng.choice([l for l in LETTERS if l != gold])
@@ -194,7 +194,7 @@ def mc_sample(rng: random.Random, q: dict, prompt: str, skill: float):
 
 def number_sample(rng: random.Random, q: dict, prompt: str, skill: float):
     """An open-ended number sample: a worked answer, then `#### <number>` or not."""
-    from softeval.metrics import Sample
+    from softeval.scoring.metrics import Sample
 
     a, b, c = q["parts"]
     right = rng.random() < skill
@@ -224,10 +224,9 @@ def number_sample(rng: random.Random, q: dict, prompt: str, skill: float):
 
 def build_folder(folder: Path, n_samples: int, n_models: int, n_methods: int, seed: int) -> int:
     """Write every cell; returns the number of cells."""
-    from softeval.evaluate import package_versions
-    from softeval.results import EvalResult
-    from softeval.settings import METHODS
-    from softeval.metrics import aggregate, diagnose
+    from softeval.scoring import EvalResult, aggregate, package_versions
+    from softeval.scoring.metrics import diagnose
+    from softeval.tuning import METHODS
 
     rng = random.Random(seed)
     methods = METHODS[:n_methods]
@@ -388,7 +387,7 @@ def main() -> None:
         fail(f"--samples {args.samples}: use at least 2 per cell ({2 * n_cells} for {n_cells} cells)")
     executable, sync_api = find_browser(args.chromium)
 
-    from softeval.page import write_page
+    from softeval.reports import write_page
 
     temporary = None if args.keep else tempfile.TemporaryDirectory(prefix="report_page_")
     folder = args.keep or Path(temporary.name)

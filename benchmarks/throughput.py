@@ -69,17 +69,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from transformers import AttentionInterface  # noqa: E402
-from tuning_step import softeval_step_fn  # noqa: E402
 
 from softeval import load_examples, load_model, load_task  # noqa: E402
-from softeval.attention import NAME, stacked_gqa_sdpa  # noqa: E402
-from softeval.engine import Engine, _argmax_by_vocab_chunks  # noqa: E402
-from softeval.metrics import score_sample  # noqa: E402
+from softeval.engine import Engine, ReferenceEngine
+from softeval.engine.attention import NAME, stacked_gqa_sdpa
+from softeval.engine.forward import _argmax_by_vocab_chunks
+from softeval.engine.selfcheck import check_model, forget_verdicts
 from softeval.models import prepare_alias  # noqa: E402
-from softeval.prompts import PromptBuilder, choose_demos, tuning_target  # noqa: E402
-from softeval.reference import ReferenceEngine  # noqa: E402
-from softeval.selfcheck import check_model, forget_verdicts  # noqa: E402
-from softeval.tune import TuneConfig, Tuner  # noqa: E402
+from softeval.scoring import score_sample  # noqa: E402
+from softeval.tasks import PromptBuilder, choose_demos, tuning_target  # noqa: E402
+from softeval.tuning import TuneConfig  # noqa: E402
+from softeval.tuning.tuner import Tuner
+from tuning_step import softeval_step_fn  # noqa: E402
 
 MC_TASK = """\
 task: bench_mc

@@ -33,9 +33,10 @@ from contextlib import contextmanager
 import torch
 
 from softeval import load_examples, load_model, load_task
-from softeval.prompts import tuning_target
-from softeval.settings import LoraSettings
-from softeval.tune import TuneConfig, Tuner
+from softeval.study import LoraSettings
+from softeval.tasks import tuning_target
+from softeval.tuning import TuneConfig
+from softeval.tuning.tuner import Tuner
 
 LORA_DEFAULTS = TuneConfig(method="lora")
 

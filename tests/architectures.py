@@ -174,7 +174,7 @@ REFERENCE_PATH = {
 
 def loaded(name: str, tokenizer, seed: int = 0):
     """A LoadedModel of a fresh tiny model of architecture `name`, as `load_model` describes one."""
-    from softeval.models import _describe, model_identity
+    from softeval.models.loading import _describe, model_identity
 
     model = build_model(name, tokenizer, seed)
     return _describe(name, model, tokenizer, model_identity(name, model, {"built": name}), None, lambda: model)

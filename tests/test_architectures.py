@@ -10,15 +10,15 @@ import warnings
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, REFERENCE_PATH, build_model, loaded
-from conftest import SHARED, TEXTS
 from transformers import AutoTokenizer
 
-from softeval.engine import Engine
-from softeval.lora import default_targets, lora_applied, lora_config, save_adapter
-from softeval.prompts import Cloze
-from softeval.reference import ReferenceEngine
-from softeval.selfcheck import check_model, start_engine
+from architectures import ARCHITECTURES, REFERENCE_PATH, build_model, loaded
+from conftest import SHARED, TEXTS
+from softeval.engine import Engine, ReferenceEngine, start_engine
+from softeval.engine.selfcheck import check_model
+from softeval.tasks import Cloze
+from softeval.tuning import lora_applied
+from softeval.tuning.lora import default_targets, lora_config, save_adapter
 
 NEW_TOKENS = 6
 OPTIONS = [" carbon dioxide", " oxygen", " no, not at all really", " x"]
@@ -158,9 +158,9 @@ def test_a_state_space_model_runs_every_method_end_to_end(tmp_path, tokenizer):
     its mixer's projections, every cell on the reference path and saying so."""
     import json
 
-    from conftest import ROWS, write_user_task
     from typer.testing import CliRunner
 
+    from conftest import ROWS, write_user_task
     from softeval.cli import app
 
     folder = tmp_path / "tiny-mamba"
@@ -184,11 +184,9 @@ def test_a_state_space_model_runs_every_method_end_to_end(tmp_path, tokenizer):
 def test_lora_on_a_layer_the_forward_does_not_call_says_so(tmp_path, tokenizer):
     """Mamba's forward reads dt_proj's weight itself: an adapter there would never train."""
     from conftest import ROWS, write_user_task
-
     from softeval.errors import SoftevalError
-    from softeval.settings import TuneConfig
-    from softeval.task import load_task
-    from softeval.tune import tune
+    from softeval.tasks import load_task
+    from softeval.tuning import TuneConfig, tune
 
     spec = load_task(write_user_task(tmp_path, ROWS * 10))
     config = TuneConfig(method="lora", lora_targets=["dt_proj"], steps=1, val_size=4, batch_size=2)

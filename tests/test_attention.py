@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from softeval import attention
-from softeval.attention import shared_prefix_attention, stacked_gqa_sdpa
+from softeval.engine import attention
+from softeval.engine.attention import shared_prefix_attention, stacked_gqa_sdpa
 
 
 class _Attention(torch.nn.Module):

@@ -9,8 +9,8 @@ import resource
 import signal
 
 import pytest
-from conftest import ROWS, write_user_task
 
+from conftest import ROWS, write_user_task
 from softeval import cli
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
@@ -26,7 +26,7 @@ def no_model_loading(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr("softeval.models.load_model", load_model)
-    monkeypatch.setattr("softeval.study.load_model", load_model)
+    monkeypatch.setattr("softeval.study.runner.load_model", load_model)
 
 
 def user_sees(monkeypatch, capsys, *args, code: int = 2) -> str:
@@ -56,7 +56,7 @@ def unreachable_hub(monkeypatch, tmp_path):
     """The hub's endpoint where nothing listens (the discard port), and empty local caches."""
     from huggingface_hub import constants
 
-    from softeval.hub import hub_unreachable
+    from softeval.models import hub_unreachable
 
     monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
     for proxy in ("http", "https", "all", "no"):
@@ -210,7 +210,7 @@ def test_model_path_that_does_not_exist(tmp_path, monkeypatch, capsys, no_model_
         (["--method", "few-shot", "--k", "0"], "Invalid value for '--k'"),
         # an evaluated example is never its own demonstration: a shared split of 6 rows gives 5
         (["--method", "few-shot", "--k", "6"], "--k 6 is more demonstrations than task capitals's few-shot split 'test' can give (6 rows, shared with evaluation); use --k 5 or fewer"),
-        (["--method", "soft-prompt"], "--method soft-prompt needs a tuned prompt (--prompt PATH)"),
+        (["--method", "soft-prompt"], "--method soft-prompt needs a tuned prompt (--prompt PATH); to tune one and evaluate it, use softeval run or softeval study"),
         (["--seed", "-1"], "Invalid value for '--seed'"),
         (["--prompt", "tuned"], "--prompt is evaluated by the soft-prompt method only; add --method soft-prompt"),
     ],
@@ -310,8 +310,8 @@ def test_a_malformed_csv_row_names_its_line(tmp_path, monkeypatch, capsys, no_mo
 
 
 def test_rows_of_a_csv_are_named_by_the_line_they_start_on(tmp_path):
-    from softeval.data import load_rows
-    from softeval.task import load_task
+    from softeval.tasks import load_task
+    from softeval.tasks.data import load_rows
 
     task = write_user_task(tmp_path, ROWS, fmt="csv")
     (tmp_path / "test.csv").write_text('q,a,b,gold\n"Capital\nof Italy?",Rome,Paris,0\n\nCapital of Spain?,Madrid,Lisbon,0\n')
@@ -369,8 +369,8 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, small
 def test_a_given_prompt_is_checked_before_the_model_loads(tmp_path, monkeypatch, capsys, no_model_loading, made_for, extra, expected):
     import torch
 
-    from softeval.softprompt import save_soft_prompt
-    from softeval.task import load_task
+    from softeval.tasks import load_task
+    from softeval.tuning import save_soft_prompt
 
     task = write_user_task(tmp_path, ROWS * 3)
     (tmp_path / "second").mkdir()
@@ -385,8 +385,8 @@ def test_a_given_prompt_is_checked_before_the_model_loads(tmp_path, monkeypatch,
 def test_a_prompt_of_another_model_is_one_line_naming_that_model(tmp_path, monkeypatch, capsys, caplog, tiny_model_dirs):
     import torch
 
-    from softeval.softprompt import save_soft_prompt
-    from softeval.task import load_task
+    from softeval.tasks import load_task
+    from softeval.tuning import save_soft_prompt
 
     task = write_user_task(tmp_path, ROWS * 3)
     path = tmp_path / "soft_prompt.safetensors"
@@ -403,7 +403,7 @@ def test_checkpoint_written_with_other_settings(tmp_path, monkeypatch, capsys, n
     import torch
     from safetensors.torch import save_file
 
-    from softeval.tune import TuneConfig
+    from softeval.tuning import TuneConfig
 
     task = write_user_task(tmp_path, ROWS * 10)
     (tmp_path / "tuned").mkdir()
@@ -512,6 +512,6 @@ def test_an_interrupted_command_says_how_to_go_on(tmp_path, monkeypatch, capsys,
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # Ctrl-C while the command works
 
-    monkeypatch.setattr("softeval.preflight.check_task", interrupted)
+    monkeypatch.setattr("softeval.study.preflight.check_task", interrupted)
     task = write_user_task(tmp_path, ROWS * 10)
     assert user_sees(monkeypatch, capsys, command, "--model", ALIAS, "--task", task, "--output", tmp_path / "out", code=130) == expected

@@ -7,13 +7,12 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import ROWS, write_user_task
 from typer.testing import CliRunner
 
+from conftest import ROWS, write_user_task
 from softeval.cli import app
 from softeval.errors import SoftevalError
-from softeval.softprompt import load_soft_prompt
+from softeval.tuning import load_soft_prompt
 
 runner = CliRunner()
 
@@ -253,10 +252,19 @@ def test_the_public_api_names_its_functions_not_their_modules():
     import types
 
     import softeval
-    import softeval.evaluate  # noqa: F401 - imported as a module first, as the command line does
-    import softeval.tune  # noqa: F401
+    import softeval.study.evaluation  # noqa: F401 - imported as a module first, as the command line does
+    import softeval.tuning.tuner  # noqa: F401
 
     assert set(softeval.__all__) == set(softeval._EXPORTS)
     for name in softeval.__all__:
         assert not isinstance(getattr(softeval, name), types.ModuleType), name
     assert softeval.evaluate.__name__ == "evaluate" and softeval.tune.__name__ == "tune"
+
+
+def test_on_off_options_show_as_flags_in_help():
+    """A flag takes no value, and --help does not suggest one (`softeval --debug true models`)."""
+    shown = runner.invoke(app, ["--help"], terminal_width=120).output + runner.invoke(app, ["run", "--help"], terminal_width=120).output
+    assert "--debug" in shown and "--sweep" in shown and "--no-chat" in shown
+    assert "<bool>" not in shown and "BOOLEAN" not in shown
+    assert "<int" in shown  # options that take a value still name its type
+    assert runner.invoke(app, ["--debug", "models"]).exit_code == 0

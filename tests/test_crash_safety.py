@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import torch
-from conftest import ROWS, write_user_task
 
+from conftest import ROWS, write_user_task
 from softeval._io import KILL_BEFORE_RENAME_ENV
-from softeval.softprompt import load_soft_prompt
+from softeval.tuning import load_soft_prompt
 
 UMASK = 0o002  # not the common 022, so the file modes show the umask is what decides them
 

@@ -7,15 +7,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
 
-import softeval.engine as engine_module
-from softeval.engine import PADDING_SLACK, Engine, _batches, _Decoder, _kv_bytes_per_token, kv_cache_budget
+from conftest import SHARED, TEXTS, prompt_ids, reference_greedy, reference_loglikelihood
+from softeval.engine import Engine
+from softeval.engine import decoding as engine_decoding
+from softeval.engine import forward as engine_forward
+from softeval.engine import generation as engine_generation
+from softeval.engine import text as engine_text
+from softeval.engine.decoding import Decoder
+from softeval.engine.forward import PADDING_SLACK, cut_batches
+from softeval.engine.generation import kv_bytes_per_token, kv_cache_budget
+from softeval.engine.logits import LogitTransform
 from softeval.errors import SoftevalError
-from softeval.logits import LogitTransform
 from softeval.models import load_model
-from softeval.prompts import Cloze
-from softeval.task import load_task
+from softeval.tasks import Cloze, load_task
 
 PREFIXES = pytest.mark.parametrize("prefix", ["", SHARED], ids=["distinct", "shared-prefix"])
 
@@ -58,7 +63,7 @@ def test_generation_cuts_at_stop_string(tiny_llama):
 def _decode_from(engine, prompt, forced_first: list[int], stop, max_new_tokens):
     """Decode `prompt` greedily after forcing its first generated token: what the decoder does
     when the model itself picks that token."""
-    decoder = _Decoder(engine, [prompt], stop, max_new_tokens)
+    decoder = Decoder(engine, [prompt], stop, max_new_tokens)
     with torch.inference_mode():
         pool = engine._admit(None, [[0]], [prompt], None, room=max_new_tokens, needed=1)
         pool.next_tokens[:] = torch.tensor(forced_first)
@@ -81,7 +86,7 @@ def test_a_stop_string_before_any_text_does_not_end_generation(tiny_llama):
 
 
 def test_stop_strings_apply_after_the_answer_begins():
-    from softeval.engine import _first_stop
+    from softeval.engine.text import _first_stop
 
     assert _first_stop("\n\nB\nC", ["\n"]) == 3
     assert _first_stop("  \n", ["\n"]) is None
@@ -89,7 +94,7 @@ def test_stop_strings_apply_after_the_answer_begins():
 
 
 def test_gsm8k_reasoning_in_paragraphs_is_not_cut_before_its_answer():
-    from softeval.engine import _first_stop
+    from softeval.engine.text import _first_stop
 
     stop = load_task("gsm8k").stop
     reasoning = " Step 1: 48 / 2 = 24.\n\nStep 2: 48 + 24 = 72.\n#### 72"
@@ -101,8 +106,8 @@ def test_gsm8k_reasoning_in_paragraphs_is_not_cut_before_its_answer():
 def test_a_completion_that_starts_the_next_question_is_cut_to_nothing():
     """Every built-in template asks with "Question:" (or "Problem:"): a model that echoes that
     pattern instead of answering has given no answer, and its echo is never parsed as one."""
-    from softeval.engine import _first_stop
-    from softeval.task import builtin_tasks
+    from softeval.engine.text import _first_stop
+    from softeval.tasks import builtin_tasks
 
     for name in builtin_tasks():
         spec = load_task(name)
@@ -131,7 +136,7 @@ def _clozes(lm, prefix: str) -> list[Cloze]:
 @pytest.fixture
 def loose_padding(monkeypatch):
     """Batches that take rows of any width, so the tests' few short rows share padded batches."""
-    monkeypatch.setattr(engine_module, "PADDING_SLACK", 10.0)
+    monkeypatch.setattr(engine_forward, "PADDING_SLACK", 10.0)
 
 
 def _assert_reference_scores(lm, clozes: list[Cloze], got: list[list[float]], soft: torch.Tensor | None = None):
@@ -180,7 +185,7 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
     long_prompt, short_prompt = prompt_ids(tiny_lm, TEXTS[3]), prompt_ids(tiny_lm, TEXTS[2])
     prompts = [long_prompt, short_prompt]
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
-    decoder = _Decoder(engine, prompts, ["\x00never"], 6)
+    decoder = Decoder(engine, prompts, ["\x00never"], 6)
     with torch.inference_mode():
         pool = engine._admit(None, [[0]], prompts, None, room=6, needed=1)
         decoder.record(pool, lambda n: None)
@@ -204,7 +209,7 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
     shared = engine._encode_prefix(prompts, within_window=None)
     assert (shared is not None) == bool(prefix)
-    decoder = _Decoder(engine, prompts, ["\x00never"], 6, shared)
+    decoder = Decoder(engine, prompts, ["\x00never"], 6, shared)
 
     def step(pool):
         return decoder.step(pool, lambda n: None)
@@ -222,7 +227,7 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
         pool = step(step(pool))
         # rows 3 and 1 give up their slots 0 and 2 after two tokens, to start again later
         for slot in (0, 2):
-            decoder.texts[pool.rows[slot]] = engine_module.TextStream(tiny_lm.tokenizer, ["\x00never"])
+            decoder.texts[pool.rows[slot]] = engine_text.TextStream(tiny_lm.tokenizer, ["\x00never"])
             pool.rows[slot] = None
         pool = admit(pool, [1, 2])  # scattered slots
         assert pool.rows == [1, 0, 2]
@@ -256,7 +261,7 @@ def test_a_shared_prefix_longer_than_a_sliding_window(tiny_lm):
 def test_a_soft_prompt_after_a_shared_prefix_with_drafts_decodes_as_greedy_decoding(tiny_lm, monkeypatch):
     """A soft prompt inside a shared prefix longer than the tiny gemma3's window, rows growing
     further past it, drafts kept and rejected: every completion is uncached greedy decoding's."""
-    from softeval.softprompt import initial_vectors
+    from softeval.tuning import initial_vectors
 
     soft = initial_vectors(tiny_lm, 3, "vocab")
     prompts = [prompt_ids(tiny_lm, SHARED * 3 + t) for t in TEXTS]
@@ -305,7 +310,7 @@ def _oracle_drafts(monkeypatch, lm, prompts: list[list[int]], n: int, soft: torc
             tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % len(lm.tokenizer)
         return tokens
 
-    monkeypatch.setattr(engine_module._PromptLookup, "draft", draft)
+    monkeypatch.setattr(engine_decoding._PromptLookup, "draft", draft)
 
 
 def test_drafted_decoding_keeps_the_greedy_tokens(tiny_lm, monkeypatch):
@@ -328,9 +333,9 @@ def test_drafts_end_a_completion_where_plain_decoding_ends_it(tiny_llama, monkey
     prompts = [prompt_ids(tiny_llama, t) for t in TEXTS]
     _oracle_drafts(monkeypatch, tiny_llama, prompts, 24)
     for stop, limit in ((list("aeiou"), 24), (["\x00never"], 13)):
-        monkeypatch.setattr(engine_module, "DRAFT_POSITIONS", 0)
+        monkeypatch.setattr(engine_decoding, "DRAFT_POSITIONS", 0)
         plain = Engine(tiny_llama).generate(prompts, stop=stop, max_new_tokens=limit)
-        monkeypatch.setattr(engine_module, "DRAFT_POSITIONS", 64)
+        monkeypatch.setattr(engine_decoding, "DRAFT_POSITIONS", 64)
         engine = Engine(tiny_llama)
         drafted = engine.generate(prompts, stop=stop, max_new_tokens=limit)
         assert engine.drafts_accepted > 0
@@ -349,7 +354,7 @@ def test_prompt_lookup_drafts_are_confirmed_on_a_repeating_model(tiny_model_dirs
 
 
 def test_prompt_lookup_drafts_continue_the_latest_match():
-    from softeval.engine import _PromptLookup
+    from softeval.engine.decoding import _PromptLookup
 
     lookup = _PromptLookup([1, 2, 3, 4])
     assert lookup.draft([1, 2], 5) == [3, 4, 1, 2, 3]  # after "1 2": "3 4", then the pattern again
@@ -362,14 +367,14 @@ def test_prompt_lookup_drafts_continue_the_latest_match():
 def _one_at_a_time(monkeypatch, lm, prompts: list[list[int]], stop: list[str], max_new_tokens: int):
     """Each prompt's completion generated alone, without drafts: what pooled rows must reproduce."""
     with monkeypatch.context() as plain:
-        plain.setattr(engine_module, "DRAFT_POSITIONS", 0)
+        plain.setattr(engine_decoding, "DRAFT_POSITIONS", 0)
         return [Engine(lm, batch_size=1).generate([p], stop=stop, max_new_tokens=max_new_tokens)[0] for p in prompts]
 
 
 def _record_pools(monkeypatch) -> list[tuple[int, int, int, int]]:
     """(rows finished, live rows, slots, KV positions held) at every decode step of any engine."""
     seen: list[tuple[int, int, int, int]] = []
-    step = _Decoder.step
+    step = Decoder.step
 
     def recording(self, pool, advance, speculate=False):
         room = pool.cache.layers[0].key_room.shape[2]
@@ -377,7 +382,7 @@ def _record_pools(monkeypatch) -> list[tuple[int, int, int, int]]:
         seen.append((finished, pool.live, len(pool.rows), len(pool.rows) * room))
         return step(self, pool, advance, speculate)
 
-    monkeypatch.setattr(_Decoder, "step", recording)
+    monkeypatch.setattr(Decoder, "step", recording)
     return seen
 
 
@@ -448,7 +453,7 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
     steps = _record_pools(monkeypatch)
     idle_positions_moved = []
-    step = _Decoder.step
+    step = Decoder.step
 
     def checking(self, pool, advance, speculate=False):
         idle = [slot for slot, row in enumerate(pool.rows) if row is None]
@@ -464,8 +469,8 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
                 idle_positions_moved.append(bool((after.positions[idle] != before[idle]).any()))
         return after
 
-    monkeypatch.setattr(_Decoder, "step", checking)
-    monkeypatch.setattr(engine_module, "JOIN_SHARE", 2 / 3)  # slots idle while rows wait to join
+    monkeypatch.setattr(Decoder, "step", checking)
+    monkeypatch.setattr(engine_generation, "JOIN_SHARE", 2 / 3)  # slots idle while rows wait to join
     engine = Engine(tiny_llama, batch_size=8)
     engine.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
     alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
@@ -482,13 +487,13 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
 def test_the_kv_budget_follows_the_memory_free_on_the_machine(tiny_llama, monkeypatch):
     prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
     alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
-    per_row = (max(map(len, prompts)) + 8 + 8) * _kv_bytes_per_token(tiny_llama.model.config, torch.float32)
-    monkeypatch.setattr(engine_module, "KV_CACHE_BYTES_MIN", 1)
-    monkeypatch.setattr(engine_module, "kept_free_bytes", lambda: 0)
+    per_row = (max(map(len, prompts)) + 8 + 8) * kv_bytes_per_token(tiny_llama.model.config, torch.float32)
+    monkeypatch.setattr(engine_generation, "KV_CACHE_BYTES_MIN", 1)
+    monkeypatch.setattr(engine_generation, "kept_free_bytes", lambda: 0)
     widest = {}
     for rows in (3, 12):  # the pool the free memory allows: a quarter of it holds `rows` rows
         free = SimpleNamespace(available=4 * rows * per_row)
-        monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: free)
+        monkeypatch.setattr(engine_generation.psutil, "virtual_memory", lambda: free)
         engine = Engine(tiny_llama)
         assert engine.kv_cache_bytes == rows * per_row
         steps = _record_pools(monkeypatch)
@@ -497,10 +502,10 @@ def test_the_kv_budget_follows_the_memory_free_on_the_machine(tiny_llama, monkey
         widest[rows] = max(slots for _, _, slots, _ in steps)
     assert widest[3] == 3 and widest[12] == 12
     # bounds: a machine short of memory still decodes rows, a large one does not hand them all
-    monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
-    assert kv_cache_budget(torch.device("cpu")) == engine_module.KV_CACHE_BYTES_MIN
-    monkeypatch.setattr(engine_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 50))
-    assert kv_cache_budget(torch.device("cpu")) == engine_module.KV_CACHE_BYTES_MAX
+    monkeypatch.setattr(engine_generation.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
+    assert kv_cache_budget(torch.device("cpu")) == engine_generation.KV_CACHE_BYTES_MIN
+    monkeypatch.setattr(engine_generation.psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 50))
+    assert kv_cache_budget(torch.device("cpu")) == engine_generation.KV_CACHE_BYTES_MAX
 
 
 def test_a_gpu_budget_counts_the_blocks_pytorch_keeps_cached_as_free(monkeypatch):
@@ -516,7 +521,7 @@ def test_a_pool_keeps_its_slots_while_prompts_are_queued(tiny_llama, monkeypatch
     """A pool whose cache runs out of room is repacked with new room; while prompts are still
     queued, it keeps its idle slots for them (too few to join yet), so the pool does not shrink
     at every repack."""
-    monkeypatch.setattr(engine_module, "DECODE_ROOM", 3)
+    monkeypatch.setattr(engine_generation, "DECODE_ROOM", 3)
     # numbered prompts stop one by one ("x" is rare), copies of a prompt all at once
     prompts = [prompt_ids(tiny_llama, f"{i}. {TEXTS[i % len(TEXTS)]}") for i in range(96)]
     alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["x"], max_new_tokens=24)
@@ -535,7 +540,7 @@ def test_streamed_text_is_the_decoding_of_all_tokens(tokenizer_dirs):
 
     from transformers import AutoTokenizer
 
-    from softeval.engine import _first_stop, TextStream
+    from softeval.engine.text import TextStream, _first_stop
 
     rng = random.Random(0)
     for folder in tokenizer_dirs.values():
@@ -564,7 +569,7 @@ def test_an_option_with_no_tokens_scores_minus_infinity(tiny_llama):
 def test_a_bfloat16_model_takes_a_float32_soft_prompt(tiny_model_dirs):
     """Every tensor the engine builds follows the model's dtype, the soft prompt included."""
     from softeval import load_model
-    from softeval.softprompt import initial_vectors
+    from softeval.tuning import initial_vectors
 
     lm = load_model(str(tiny_model_dirs["llama"]), device="cpu", dtype=torch.bfloat16)
     soft = initial_vectors(lm, 3, "vocab").float()
@@ -581,7 +586,7 @@ def test_a_bfloat16_model_takes_a_float32_soft_prompt(tiny_model_dirs):
 def test_a_long_row_sits_alone_and_short_rows_fill_batches():
     lengths = [12] * 20 + [240] + [30] * 9
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches = _batches(order, lengths, batch_size=8, token_budget=256)
+    batches = cut_batches(order, lengths, batch_size=8, token_budget=256)
     assert batches[0] == [20]
     # the last row of 30 tokens does not pad rows of 12 to its width
     assert [len(b) for b in batches[1:]] == [8, 1, 8, 8, 4]
@@ -591,7 +596,7 @@ def test_a_long_row_sits_alone_and_short_rows_fill_batches():
 
 def test_batches_waste_little_on_padding():
     lengths = list(range(100, 20, -1))
-    batches = _batches(list(range(len(lengths))), lengths, batch_size=1000, token_budget=10**6)
+    batches = cut_batches(list(range(len(lengths))), lengths, batch_size=1000, token_budget=10**6)
     for batch, after in zip(batches, batches[1:] + [[]]):
         padded, tokens = len(batch) * max(lengths[i] for i in batch), sum(lengths[i] for i in batch)
         assert padded <= (1 + PADDING_SLACK) * tokens
@@ -600,9 +605,9 @@ def test_batches_waste_little_on_padding():
 
 
 def test_the_budget_cuts_batches_below_the_batch_size():
-    assert _batches([0, 1, 2, 3, 4], [100] * 5, batch_size=8, token_budget=256) == [[0, 1], [2, 3], [4]]
+    assert cut_batches([0, 1, 2, 3, 4], [100] * 5, batch_size=8, token_budget=256) == [[0, 1], [2, 3], [4]]
     # a row wider than the budget still runs, alone
-    assert _batches([0, 1, 2], [300, 10, 10], batch_size=8, token_budget=256) == [[0], [1, 2]]
+    assert cut_batches([0, 1, 2], [300, 10, 10], batch_size=8, token_budget=256) == [[0], [1, 2]]
 
 
 def test_the_soft_prompt_counts_toward_the_budget(tiny_llama):
@@ -667,7 +672,7 @@ def _record_steps(monkeypatch) -> list[SimpleNamespace]:
     """At every decode step of any engine: the live rows, the pool's width, whether drafts run
     and how many rows have finished."""
     seen: list[SimpleNamespace] = []
-    step = _Decoder.step
+    step = Decoder.step
 
     def recording(self, pool, advance, speculate=False):
         rows = [row for row in pool.rows if row is not None]
@@ -675,7 +680,7 @@ def _record_steps(monkeypatch) -> list[SimpleNamespace]:
         seen.append(SimpleNamespace(rows=rows, width=pool.width, speculate=speculate, finished=finished))
         return step(self, pool, advance, speculate)
 
-    monkeypatch.setattr(_Decoder, "step", recording)
+    monkeypatch.setattr(Decoder, "step", recording)
     return seen
 
 
@@ -693,7 +698,7 @@ def test_short_rows_do_not_decode_in_a_long_rows_pool(tiny_lm, monkeypatch):
     assert 4 * max(own[i] for i in range(len(prompts)) if i != 3) < own[3]  # no short row fits with it
     with_long = [step.rows for step in steps if 3 in step.rows]
     assert with_long and all(rows == [3] for rows in with_long)
-    assert all(step.width <= engine_module.POOL_WIDTH_RATIO * min(own[i] for i in step.rows) + 8 for step in steps)
+    assert all(step.width <= engine_generation.POOL_WIDTH_RATIO * min(own[i] for i in step.rows) + 8 for step in steps)
     assert any(len(step.rows) == 4 for step in steps)  # the short rows still share pools
 
 
@@ -726,9 +731,9 @@ def test_a_long_row_that_ends_at_its_first_token_leaves_no_empty_pool(tiny_lm, m
 def test_greedy_tokens_by_vocabulary_slices_are_the_full_argmax(monkeypatch, transform):
     """Slice by slice, the LM head picks what the argmax of its full logits picks, the first
     index among equal logits included (here across slices, and where a softcap saturates)."""
-    from softeval.engine import _argmax_by_vocab_chunks
+    from softeval.engine.forward import _argmax_by_vocab_chunks
 
-    monkeypatch.setattr(engine_module, "VOCAB_CHUNK", 16)
+    monkeypatch.setattr(engine_forward, "VOCAB_CHUNK", 16)
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 50, bias=True)  # 50 entries: three full slices and a short one
     with torch.no_grad():

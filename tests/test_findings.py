@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import STUDY_ROWS, write_study
 from typer.testing import CliRunner
 
-from softeval import findings as F
+from conftest import STUDY_ROWS, write_study
+from softeval.analysis import findings as F
 from softeval.cli import app
 
 WHERE = {"model": "m", "task": "t", "chat": False}
@@ -290,10 +290,9 @@ def test_tuning_on_the_evaluation_split_is_refused_before_work(tmp_path, tiny_mo
 
 def test_tuning_rows_that_ask_an_evaluation_question_are_left_out(tmp_path, tiny_llama, caplog):
     from conftest import ROWS, write_user_task
-
-    from softeval.settings import TuneConfig
-    from softeval.task import load_task
-    from softeval.tune import Tuner
+    from softeval.tasks import load_task
+    from softeval.tuning import TuneConfig
+    from softeval.tuning.tuner import Tuner
 
     task = write_user_task(tmp_path, ROWS * 10)
     train = tmp_path / "train.jsonl"
@@ -325,7 +324,8 @@ def test_tuning_on_evaluation_rows_where_allowed_flags_the_cells(tmp_path, tiny_
 
 
 def test_a_cell_of_mostly_empty_completions_is_flagged_with_the_chat_hint(tiny_llama):
-    from softeval.metrics import Metric, Sample, diagnose
+    from softeval.scoring import Metric
+    from softeval.scoring.metrics import Sample, diagnose
 
     def sample(completion: str) -> Sample:
         return Sample(index=0, source="s", prompt="p", n_demos=0, truncated=False, raw_completion=completion, completion=completion,
@@ -341,8 +341,7 @@ def test_a_cell_of_mostly_empty_completions_is_flagged_with_the_chat_hint(tiny_l
 def test_a_whole_sentence_is_no_bare_short_answer(mirror, tmp_path):
     """TriviaQA's gold answers are a few words: 99% of its tuning split's have at most 5, so a
     sentence of six does not follow the format; results.json says which rule a cell used."""
-    from softeval.data import load_examples, with_answer_words
-    from softeval.task import load_task
+    from softeval.tasks import load_examples, load_task, with_answer_words
 
     spec = with_answer_words(load_task("triviaqa"), mirror)
     assert spec.answer_words == (5, "99% of the 2000 gold answers of split 'train' have at most 5")
@@ -353,7 +352,7 @@ def test_a_whole_sentence_is_no_bare_short_answer(mirror, tmp_path):
 
 
 def test_a_model_may_declare_its_role_alone(tmp_path):
-    from softeval.settings import load_study
+    from softeval.study import load_study
 
     path = tmp_path / "study.yaml"
     path.write_text("models: [{model: gemma-3-270m, role: base}, {model: smollm2-135m-instruct, role: post-trained}]\ntasks: [arc_easy]\n")
@@ -377,7 +376,7 @@ def test_tuning_and_evaluation_splits_read_from_one_file_are_refused(tmp_path, t
 
 
 def test_a_prompt_that_does_not_record_its_evaluation_rows_is_tuned_again():
-    from softeval.tune import provenance_difference
+    from softeval.tuning import provenance_difference
 
     wanted = {"model": {"spec": "m"}, "task": {"name": "t"}, "chat": False, "produced": {"by": "run"},
               "data": {"tune": None, "validation": None}, "config": {}}
@@ -387,9 +386,8 @@ def test_a_prompt_that_does_not_record_its_evaluation_rows_is_tuned_again():
 
 def test_an_unused_chat_template_is_flagged_except_for_a_declared_base_model(tmp_path, tiny_llama):
     from conftest import ROWS, write_user_task
-
-    from softeval.evaluate import evaluate
-    from softeval.task import load_task
+    from softeval.study import evaluate
+    from softeval.tasks import load_task
 
     assert tiny_llama.post_trained  # its tokenizer ships a chat template
     spec = load_task(write_user_task(tmp_path, ROWS))

@@ -7,11 +7,15 @@ import json
 import time
 
 import pytest
-from conftest import ROWS, mc_example, qa_example, write_user_task
 
+from conftest import ROWS, mc_example, qa_example, write_user_task
 from softeval import SoftevalError, load_examples, load_task
-from softeval.prompts import target_text
-from softeval.formats import Math, MultipleChoice, Number, OptionText, ShortAnswer, canonical_number, normalize
+from softeval.formats.math import Math
+from softeval.formats.multiple_choice import MultipleChoice
+from softeval.formats.number import Number, canonical_number
+from softeval.formats.option_text import OptionText
+from softeval.formats.short_answer import ShortAnswer, normalize
+from softeval.tasks.prompts import target_text
 
 SPORE = mc_example(["seed", "spore", "pollen", "immature flower"], 1)
 FIGHT = mc_example(["call a teacher", "break up the fight", "walk away", "index fossils"], 0)

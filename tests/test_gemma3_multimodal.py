@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SHARED, TEXTS, prompt_ids, tiny_config
 from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
 
-from softeval.engine import Engine
+from conftest import SHARED, TEXTS, prompt_ids, tiny_config
+from softeval.engine import Engine, ReferenceEngine, start_engine
+from softeval.engine.selfcheck import check_model
 from softeval.models import load_model
-from softeval.prompts import Cloze
-from softeval.reference import ReferenceEngine
-from softeval.selfcheck import check_model, start_engine
+from softeval.tasks import Cloze
 
 WINDOW, CONTEXT, SOFTCAP = 32, 256, 10.0
 NEW_TOKENS = 10

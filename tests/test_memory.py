@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from softeval import memory
+from softeval.models import memory
 
 # Counts the page faults of filling a 64 MiB block right after an equal one was freed (the fewest
 # of three rounds: the heap's layout settles after the first). Mmapped, all of the block's 16,384
@@ -15,7 +15,7 @@ from softeval import memory
 # Transparent huge pages are off for the probe, so that a fault is one 4 KiB page.
 PROBE = """
 import ctypes, resource, sys, torch
-from softeval import memory
+from softeval.models import memory
 from softeval.models import load_model
 
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE
@@ -71,7 +71,7 @@ def test_malloc_the_user_tuned_is_left_alone(monkeypatch, variable, value, appli
 
 KEPT = """
 import torch
-from softeval import memory
+from softeval.models import memory
 memory.keep_freed_memory()
 before = memory.kept_free_bytes()
 block = torch.empty(64 << 20)  # 256 MiB

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import mc_example, qa_example
 
-from softeval.formats import Example, MultipleChoice, ShortAnswer
-from softeval.metrics import Judgement, Metric, Sample, aggregate, diagnose, score_sample
+from conftest import mc_example, qa_example
+from softeval.formats import Example
+from softeval.formats.multiple_choice import MultipleChoice
+from softeval.formats.short_answer import ShortAnswer
+from softeval.scoring import Metric, aggregate, score_sample
+from softeval.scoring.metrics import Judgement, Sample, diagnose
 
 
 def _judged(format_ok, task_correct, lenient_correct, knowledge_correct) -> Judgement:

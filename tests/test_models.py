@@ -13,7 +13,7 @@ def test_aliases_reload_from_the_cache(tokenizer_dirs):
     assert lm.post_trained and lm.bos_token_id is None and lm.context_length == 8192
     assert lm.identity["gguf_sha256"] and {m["alias"] for m in cached_models()} >= {"smollm2-135m-instruct", "gemma-3-270m"}
     assert not any(p.requires_grad for p in lm.model.parameters())
-    from softeval.models import model_identity
+    from softeval.models.loading import model_identity
 
     source = {k: lm.identity[k] for k in ("alias", "gguf", "gguf_sha256")}
     assert model_identity("smollm2-135m-instruct", lm.model, source) == lm.identity  # read from the config, as from the weights
@@ -60,7 +60,7 @@ def test_config_identity_ignores_where_and_in_which_dtype_a_model_loads(tiny_mod
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_the_identity_read_from_a_config_is_that_of_the_loaded_weights(tiny_model_dirs, arch):
-    from softeval.models import model_identity
+    from softeval.models.loading import model_identity
 
     lm = load_model(str(tiny_model_dirs[arch]), device="cpu", lazy=True)
     assert not lm.loaded

@@ -6,12 +6,13 @@ import dataclasses
 import random
 
 import pytest
+
 from conftest import ROWS as ROWS_MC
 from conftest import mc_example, reference_loglikelihood, write_user_task
-
 from softeval import SoftevalError, evaluate, load_examples, load_task
 from softeval.formats import Example
-from softeval.prompts import Cloze, Prompt, PromptBuilder, choose_demos
+from softeval.tasks import Cloze, PromptBuilder, choose_demos
+from softeval.tasks.prompts import Prompt
 
 
 def test_zero_shot_prompt_is_instruction_then_question(tiny_llama, mirror):
@@ -276,7 +277,7 @@ def test_partial_scoring_end_to_end(tmp_path, tiny_llama):
 
 
 def test_partial_scoring_spec_passes_the_checks_before_work(tmp_path):
-    from softeval.preflight import check_task
+    from softeval.study.preflight import check_task
 
     spec = load_task(write_user_task(tmp_path, WINO, **PARTIAL))
     assert check_task(spec, ["test"], None) == {"test": 2}
@@ -311,7 +312,7 @@ def test_partial_scoring_scores_every_option_under_the_same_demonstrations(tmp_p
 
 
 def test_cloze_context_outside_partial_scoring_is_an_error_before_work(tmp_path):
-    from softeval.preflight import check_task
+    from softeval.study.preflight import check_task
 
     spec = load_task(write_user_task(tmp_path, ROWS_MC, cloze_template="{{ cloze_context }} Answer:"))
     with pytest.raises(SoftevalError, match=r"cloze_template cannot be rendered for .*test\.jsonl:1: 'cloze_context' is undefined"):
@@ -319,7 +320,7 @@ def test_cloze_context_outside_partial_scoring_is_an_error_before_work(tmp_path)
 
 
 def test_partial_scoring_template_must_use_the_option_context(tmp_path):
-    from softeval.preflight import check_task
+    from softeval.study.preflight import check_task
 
     spec = load_task(write_user_task(tmp_path, WINO, **{**PARTIAL, "cloze_template": "{{ question }}"}))
     with pytest.raises(SoftevalError, match=r"renders the same text for every option of .*test\.jsonl:1; use \{\{ cloze_context \}\} in it"):

@@ -13,11 +13,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import STUDY_ROWS, write_study
 from typer.testing import CliRunner
 
+from conftest import STUDY_ROWS, write_study
 from softeval.cli import app
-from softeval.page import outcome
+from softeval.reports.page import outcome
 
 # a row whose text tries to end the page's data block and run a script of its own
 HOSTILE = {"q": 'Capital of </script><script>document.title="pwned"</script><!-- France?', "a": "Paris", "b": "Rome", "gold": 0}

@@ -8,20 +8,19 @@ import logging
 
 import pytest
 import torch
-from architectures import loaded
-from conftest import ROWS, write_user_task
 from transformers import AutoTokenizer
 
-import softeval.selfcheck as selfcheck
-from softeval.engine import Engine
+import softeval.engine.selfcheck as selfcheck
+from architectures import loaded
+from conftest import ROWS, write_user_task
+from softeval.engine import Engine, ReferenceEngine, start_engine
+from softeval.engine.logits import LogitTransform
+from softeval.engine.selfcheck import check_model
 from softeval.errors import SoftevalError
-from softeval.evaluate import evaluate
-from softeval.lora import lora_applied, lora_config
-from softeval.logits import LogitTransform
-from softeval.prompts import Cloze
-from softeval.reference import ReferenceEngine
-from softeval.selfcheck import check_model, start_engine
-from softeval.task import load_task
+from softeval.study import evaluate
+from softeval.tasks import Cloze, load_task
+from softeval.tuning import lora_applied
+from softeval.tuning.lora import lora_config
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def test_gemma_answers_after_a_leading_newline_are_judged(mirror):
     """gemma-3-270m zero-shot opens these ARC-Easy answers with a newline: they are judged on what
     follows it (row 1066 writes letter A with option B's text, row 1466 answers A), not cut to nothing."""
     from softeval.engine import Engine
-    from softeval.prompts import PromptBuilder
+    from softeval.tasks import PromptBuilder
 
     gemma = load_model("gemma-3-270m", device="cpu")
     spec = load_task("arc_easy")
@@ -56,7 +56,7 @@ def test_gemma_answers_after_a_leading_newline_are_judged(mirror):
 
 
 def test_smollm2_soft_prompt_is_independent_of_batch(smollm2, mirror):
-    from softeval.softprompt import initial_vectors
+    from softeval.tuning import initial_vectors
 
     spec = load_task("arc_easy")
     soft = initial_vectors(smollm2, 10, "vocab", seed=0)

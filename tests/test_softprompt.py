@@ -7,14 +7,14 @@ import importlib
 import pytest
 import torch
 from safetensors import safe_open
-from conftest import ROWS, SHARED, TEXTS, prompt_ids, write_user_task
 
+from conftest import ROWS, SHARED, TEXTS, prompt_ids, write_user_task
 from softeval import SoftevalError, evaluate, load_task
-import softeval.engine as engine_module
 from softeval.engine import Engine
-from softeval.prompts import Cloze, tuning_target
-from softeval.softprompt import SoftPrompt, initial_vectors, load_soft_prompt, save_soft_prompt
-from softeval.tune import TuneConfig, Tuner, tune
+from softeval.engine import forward as engine_forward
+from softeval.tasks import Cloze, tuning_target
+from softeval.tuning import SoftPrompt, TuneConfig, initial_vectors, load_soft_prompt, save_soft_prompt, tune
+from softeval.tuning.tuner import Tuner
 
 
 def _soft(lm, length=4, seed=0):
@@ -37,7 +37,7 @@ def test_soft_prompt_sits_after_bos(tiny_lm, monkeypatch):
     soft = _soft(tiny_lm)
     context, option = prompt_ids(tiny_lm, TEXTS[0]), tiny_lm.encode(" carbon dioxide")
     short = prompt_ids(tiny_lm, TEXTS[2])  # a shorter row forces padding on the first
-    monkeypatch.setattr(engine_module, "PADDING_SLACK", 10.0)  # which the batch then takes
+    monkeypatch.setattr(engine_forward, "PADDING_SLACK", 10.0)  # which the batch then takes
     got = Engine(tiny_lm, batch_size=2, soft_prompt=soft).loglikelihood([Cloze(context, [option]), Cloze(short, [option])])[0][0]
     embed = tiny_lm.model.get_input_embeddings()
     n_head = 1 if tiny_lm.bos_token_id is not None else 0
@@ -190,21 +190,31 @@ def test_a_non_finite_validation_loss_stops_before_anything_is_written(tmp_path,
     assert not (out / "checkpoint.safetensors").exists() and not (out / "soft_prompt.safetensors").exists()
 
 
-def test_settings_above_the_rows_there_are_say_what_is_used(tmp_path, tiny_llama, caplog):
+def test_settings_above_the_rows_there_are_say_what_is_used(tmp_path, tiny_llama, caplog, monkeypatch):
+    import softeval.tuning.tuner as tuner_module
+
+    monkeypatch.setattr(tuner_module, "_said", set())  # what earlier tests had logged
     caplog.set_level("INFO", logger="softeval")
     spec = load_task(write_user_task(tmp_path, ROWS * 5))  # 10 rows: 2 held out, 8 to train on
     tuner = Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=12, val_size=5))
     assert (len(tuner.train), len(tuner.val)) == (8, 2)
     said = {r.getMessage(): r.levelname for r in caplog.records}
-    assert said["tuning batch size 12: capitals has 8 training rows, and each step takes all of them"] == "WARNING"
-    assert said["validation size 5: only 2 rows (a fifth of capitals's tuning split) are held out; validating on those"] == "WARNING"
+    which = f"soft-prompt of {tiny_llama.name} on capitals (without the chat template)"
+    assert said[f"{which}: batch size 12, but capitals has 8 training rows, and each step takes all of them"] == "WARNING"
+    assert said[f"{which}: validation size 5, but only 2 rows (a fifth of capitals's tuning split) are held out; validating on those"] == "WARNING"
+    caplog.clear()
+    Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=12, val_size=5, lr=0.1))  # a sweep's next trial: said once
+    assert "validation size" not in caplog.text and "batch size" not in caplog.text
+    with Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=12, val_size=5, method="lora")):  # another tuning: said for it
+        pass
+    assert f"lora of {tiny_llama.name} on capitals (without the chat template): validation size 5" in caplog.text
     caplog.clear()
     Tuner(tiny_llama, spec, TuneConfig(length=2))  # the default 64 shrinks as documented: not a warning
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
-    assert "validation size 64: only 2 rows" in caplog.text
+    assert "validation size 64, but only 2 rows" in caplog.text
     caplog.clear()
     Tuner(tiny_llama, spec, TuneConfig(length=2, batch_size=8, val_size=2))
-    assert "validation size" not in caplog.text and "tuning batch size" not in caplog.text
+    assert "validation size" not in caplog.text and "batch size" not in caplog.text
 
 
 def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeypatch):
@@ -214,8 +224,8 @@ def test_tuning_loss_equals_a_reference_cross_entropy(tmp_path, tiny_lm, monkeyp
     rows = [{"q": "Capital of " + country + "?", "a": "Paris", "b": "Rome", "gold": i % 2} for i, country in
             enumerate(["France", "the Italian Republic of the south", "a very long-named country far away", "Spain", "Portugal"])]
     spec = load_task(write_user_task(tmp_path, rows, target=" {{ letter }}. {{ choices[gold] }}"))
-    module = importlib.import_module("softeval.tune")  # the module, not the function softeval exports
-    monkeypatch.setattr(importlib.import_module("softeval.engine"), "LOSS_CHUNK", 3)
+    module = importlib.import_module("softeval.tuning.tuner")  # the module, not the function softeval exports
+    monkeypatch.setattr(importlib.import_module("softeval.engine.loss"), "LOSS_CHUNK", 3)
     monkeypatch.setattr(module, "TOKEN_BUDGET", 1)
     tuner = Tuner(tiny_lm, spec, TuneConfig(length=4, val_size=1))
     batch = tuner.train[:3]
@@ -263,7 +273,7 @@ def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
     from peft import PeftModel
 
     from softeval import load_model
-    from softeval.export import export_peft
+    from softeval.tuning import export_peft
 
     soft = _soft(tiny_lm, length=5, seed=2)
     export_peft(soft, tiny_lm, tmp_path / "adapter")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau, pearsonr, spearmanr
 
-from softeval import stats
+from softeval.analysis import stats
+from softeval.analysis.stats import compare_predictors, method_agreement, paired_difference, rank_agreement
 from softeval.errors import SoftevalError
-from softeval.stats import compare_predictors, method_agreement, paired_difference, rank_agreement
 
 B = 300  # resamples in most tests: enough for the properties checked, quick on two cores
 

@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROWS, cells_of, write_study, write_user_task
 from scipy.stats import kendalltau
 from typer.testing import CliRunner
 
+from conftest import ROWS, cells_of, write_study, write_user_task
 from softeval.cli import app
 from softeval.errors import SoftevalError
-from softeval.lora import lora_applied
 from softeval.models import load_model
-from softeval.results import EvalResult
-from softeval.settings import load_study
-from softeval.tune import TuneConfig, Tuner, tune
+from softeval.scoring import EvalResult
+from softeval.study import load_study
+from softeval.tuning import TuneConfig, lora_applied, tune
+from softeval.tuning.tuner import Tuner
 
 runner = CliRunner()
 
@@ -31,7 +32,7 @@ def run(*args):
 
 
 def _task(tmp_path):
-    from softeval.task import load_task
+    from softeval.tasks import load_task
 
     return load_task(write_user_task(tmp_path, ROWS * 10))
 
@@ -253,8 +254,8 @@ def test_a_failed_lora_run_leaves_the_model_as_it_was(tmp_path, tiny_model_dirs,
 
 
 def test_adapter_weights_that_do_not_fit_are_refused(tmp_path, tiny_llama):
-    from softeval.evaluate import evaluate
-    from softeval.lora import load_adapter
+    from softeval.study import evaluate
+    from softeval.tuning import load_adapter
 
     spec = _task(tmp_path)
     adapter = tune(tiny_llama, spec, TuneConfig(method="lora", steps=1, val_size=4), output=tmp_path / "a", progress=False)
@@ -467,8 +468,8 @@ def test_a_reused_cell_is_judged_again_by_the_current_parsers(tmp_path, tiny_mod
 
 def test_judging_again_notes_a_completion_that_opened_with_a_stop_string(tmp_path, tiny_llama):
     from softeval import evaluate, load_task
-    from softeval.evaluate import rejudge
-    from softeval.metrics import score_sample
+    from softeval.scoring import score_sample
+    from softeval.study.evaluation import rejudge
 
     spec = load_task(write_user_task(tmp_path, ROWS))
     result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
@@ -489,8 +490,8 @@ def test_judging_again_notes_a_completion_that_opened_with_a_stop_string(tmp_pat
 
 def test_judging_again_applies_the_installed_parsers_to_a_number_cell(tmp_path, tiny_llama):
     from softeval import evaluate, load_task
-    from softeval.evaluate import parsers_version, rejudge
-    from softeval.metrics import score_sample
+    from softeval.scoring import parsers_version, score_sample
+    from softeval.study.evaluation import rejudge
 
     rows = [{"q": f"What is {i} + {i}?", "n": 2 * i} for i in range(1, 5)]
     spec = load_task(write_user_task(tmp_path, rows, answer_format="number", fields={"question": "q", "answer": "n", "solution": "'#### ' ~ n"},
@@ -525,7 +526,7 @@ def load_examples_of(spec):
 
 
 def test_cells_of_one_task_judged_by_other_parsers_are_flagged(tmp_path, tiny_model_dirs):
-    from softeval.report import cell_flags
+    from softeval.analysis import cell_flags
 
     task = write_user_task(tmp_path, ROWS * 2)
     out = tmp_path / "out"
@@ -553,3 +554,18 @@ def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_mode
     assert rerun.exit_code == 0 and "1 of 1 cells were finished already" in rerun.output
     more = evaluate_with("zero-shot,few-shot")  # a cell to compute: now the weights load
     assert more.exit_code == 1 and f"cannot load model '{folder}'" in str(more.exception)
+
+
+def test_a_command_reads_each_split_once(tmp_path, family_dirs, monkeypatch):
+    """The checks before any work, the cells' identities, the tuning and every evaluation take
+    the rows of one read of each file."""
+    import softeval.tasks.data as data
+
+    reads = Counter()
+    read_file = data._read_file
+    monkeypatch.setattr(data, "_read_file", lambda path: reads.update([path.name]) or read_file(path))
+    family = next(iter(family_dirs))
+    study = write_study(tmp_path, {family: family_dirs[family]}, ["zero-shot", "few-shot", "soft-prompt"])
+    result = run("study", study, "--output", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert reads == {"test.jsonl": 1, "train.jsonl": 1}

@@ -6,10 +6,11 @@ import json
 import re
 
 import pytest
-from conftest import ROWS, write_user_task
 
+from conftest import ROWS, write_user_task
 from softeval import SoftevalError, builtin_tasks, load_examples, load_task
-from softeval.prompts import question_text, target_text, tuning_target
+from softeval.tasks import tuning_target
+from softeval.tasks.prompts import question_text, target_text
 
 EXPECTED = {"arc_easy", "arc_challenge", "arc_easy_text", "arc_challenge_text", "mmlu", "commonsense_qa", "boolq",
             "gsm8k", "triviaqa", "nq_open"}
@@ -87,12 +88,14 @@ def test_an_unreachable_hub_reads_the_datasets_cache_at_once(mirror, monkeypatch
 
     monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
     monkeypatch.setattr(datasets, "load_dataset", cached_load)
-    monkeypatch.setattr("softeval.data.hub_unreachable", lambda: "huggingface.co:443 is not reachable: no route")
+    monkeypatch.setattr("softeval.tasks.data.hub_unreachable", lambda: "huggingface.co:443 is not reachable: no route")
     flags = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
     examples = load_examples(load_task("arc_easy"), "test", data_dir=None)
     assert [e.source for e in examples] == [f"hub:allenai/ai2_arc/ARC-Easy/test[{i}]" for i in range(3)]
     assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == flags  # offline for that load only
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError("not cached")))
+    for memory in ("_ROWS", "_EXAMPLES"):  # a split is read once per process: forget the one just read
+        monkeypatch.setattr(f"softeval.tasks.data.{memory}", {})
     with pytest.raises(SoftevalError, match=r"\(huggingface.co:443 is not reachable: no route, and the datasets cache does not hold it\)"):
         load_examples(load_task("arc_easy"), "test", data_dir=None)
 
@@ -256,7 +259,7 @@ def test_filter_skips_rows_and_counts_them(tmp_path):
     spec = load_task(write_user_task(tmp_path, rows, filter="q and a and b"))
     examples = load_examples(spec, "test")
     assert [e.index for e in examples] == [0, 1]  # indices stay the rows' positions in the split
-    from softeval.data import data_identity
+    from softeval.tasks import data_identity
 
     identity = data_identity(spec, "test", None)
     assert (identity["rows"], identity["filtered_out"]) == (4, 2)
@@ -313,7 +316,7 @@ def test_text_column_used_as_a_number_says_to_add_int(tmp_path):
 
 
 def test_empty_template_is_found_before_work(tmp_path):
-    from softeval.preflight import check_task
+    from softeval.study.preflight import check_task
 
     spec = load_task(write_user_task(tmp_path, ROWS, cloze_template="{{ '' }}"))
     with pytest.raises(SoftevalError, match=r"cloze_template renders to nothing for .*test\.jsonl:1; give the cloze_template some text"):
@@ -341,7 +344,7 @@ def test_text_task_targets_the_option_text(mirror):
 
 
 def test_spec_identity_ignores_settings_left_at_their_default(tmp_path):
-    from softeval.task import TaskSpec
+    from softeval.tasks import TaskSpec
 
     class WithANewSetting(TaskSpec):  # a later softeval with one more optional setting
         new_setting: int = 0

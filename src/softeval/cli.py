@@ -22,15 +22,32 @@ from rich.text import Text
 
 # Only light modules here: `--help`, and a mistake in a command, are answered without importing
 # torch, transformers or scipy (seconds); the machinery is imported where it is used.
-from softeval.data import resolve_data_dir, split_sizes
+from softeval.analysis import Reference
 from softeval.errors import SoftevalError
 from softeval.models import ALIASES, cache_root, cached_models, prepare_alias
-from softeval.preflight import check_before_work, check_output
 from softeval.progress import console, stdout
-from softeval.settings import METHODS, LoraSettings, Reference, Study, TuneConfig, load_study
-from softeval.study import cell_folder, run_study
-from softeval.task import builtin_tasks, load_task
+from softeval.study import LoraSettings, Study, cell_folder, check_before_work, check_output, load_study, run_study
 
+from softeval.tasks import builtin_tasks, load_task, resolve_data_dir, split_sizes
+from softeval.tuning import METHODS, TuneConfig
+
+
+def _flags_take_no_value() -> None:
+    """Typer 0.29 lists a flag's type as `<bool>` in --help, which reads as if it took a value
+    (`softeval --debug true models`); a flag takes none, so none is shown."""
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_take_no_value", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_take_no_value = True
+    option.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
 app = typer.Typer(help="Fair LLM benchmark evaluation: format-following apart from knowledge.", no_args_is_help=True)
 models_app = typer.Typer(help="List and prepare models.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
@@ -175,8 +192,8 @@ def validated(model: type, option_names: dict[str, str] | None = None, **values)
 
 def finish(output: Path, reports) -> None:
     """The cells of this command as a table, and where the comparison is."""
-    from softeval.page import PAGE
-    from softeval.report import cell_key, finished_cells, metrics_table
+    from softeval.analysis import cell_key, finished_cells
+    from softeval.reports import PAGE, metrics_table
 
     # the folder's cells are read once: this command's are shown, all of them set the version flags
     cells = finished_cells(output)
@@ -187,7 +204,8 @@ def finish(output: Path, reports) -> None:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
     stdout.print(metrics_table(results, among=cells))
     if (output / "comparison.json").is_file():  # the findings of every finished cell in the folder
-        from softeval.findings import Finding, findings_table
+        from softeval.analysis import Finding
+        from softeval.reports import findings_table
 
         saved = json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])
         stdout.print(findings_table([Finding(**f) for f in saved]))
@@ -216,7 +234,7 @@ def eval_command(
     if "lora" in methods:
         raise SoftevalError("--method lora tunes an adapter: use softeval run or softeval study")
     if "soft-prompt" in methods and prompt is None:
-        raise SoftevalError("--method soft-prompt needs a tuned prompt (--prompt PATH), and only it takes one")
+        raise SoftevalError("--method soft-prompt needs a tuned prompt (--prompt PATH); to tune one and evaluate it, use softeval run or softeval study")
     if prompt is not None and "soft-prompt" not in methods:
         raise SoftevalError("--prompt is evaluated by the soft-prompt method only; add --method soft-prompt")
     study = validated(
@@ -275,7 +293,7 @@ def study_command(
     study = load_study(study_file)
     finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
     if (output / "ranking.json").is_file():  # the study ranked its families: show it
-        from softeval.rank import ranking_table
+        from softeval.reports import ranking_table
 
         analysis = json.loads((output / "ranking.json").read_text(encoding="utf-8"))
         stdout.print(ranking_table(analysis))
@@ -302,8 +320,8 @@ def report_command(folder: Annotated[Path, typer.Argument(help="An output folder
     """Write FOLDER/index.html (and the comparison) from the results on disk."""
     if not folder.is_dir():
         raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval eval, run or study")
-    from softeval.page import write_page
-    from softeval.report import finished_cells, write_comparison
+    from softeval.analysis import finished_cells
+    from softeval.reports import write_comparison, write_page
 
     if not finished_cells(folder):
         raise SoftevalError(f"{folder} holds no finished cells (OUTPUT/<model>/<task>/<method>/results.json); run softeval eval, run or study into it")
@@ -312,10 +330,7 @@ def report_command(folder: Annotated[Path, typer.Argument(help="An output folder
 
 
 def show_ranking(folder: Path, reference: Reference) -> None:
-    from softeval.page import write_page
-    from softeval.rank import rank_study, ranking_table
-
-    from softeval.report import write_comparison
+    from softeval.reports import rank_study, ranking_table, write_comparison, write_page
 
     analysis = rank_study(folder, reference)
     write_comparison(folder)  # its findings read the ranking
@@ -360,9 +375,8 @@ def tune_command(
     check_before_work([model], [spec], [], k=0, tuning=True, outputs=[output], data_dir=data_dir)
     if export_peft_to is not None:
         check_output(export_peft_to, "--export-peft")
-    from softeval.export import export_peft
     from softeval.models import load_model
-    from softeval.tune import check_resumable, sweep, tune
+    from softeval.tuning import check_resumable, export_peft, sweep, tune
 
     if resume:  # a checkpoint that cannot be resumed is reported before the model loads
         check_resumable(output / "checkpoint.safetensors", config)

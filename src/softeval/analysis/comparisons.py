@@ -1,0 +1,164 @@
+"""Reporting: metric tables for the terminal, and the comparison of every finished cell of an
+output folder (comparison.md and comparison.json), with paired differences between methods."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from softeval.analysis.stats import method_agreement, paired_difference
+from softeval.errors import SoftevalError
+from softeval.models import model_name
+from softeval.scoring import ROW_METRICS, EvalResult
+from softeval.tuning import METHODS
+
+log = logging.getLogger("softeval")
+
+# (method, baseline): the differences the comparison shows, where both cells exist
+PAIRS = (("soft-prompt", "zero-shot"), ("soft-prompt", "few-shot"), ("soft-prompt", "lora"), ("lora", "few-shot"))
+# the metrics compared row by row: per-row outcomes, so a paired bootstrap applies
+PAIRED_METRICS = {m: ROW_METRICS[m] for m in ("task_accuracy", "knowledge", "format_following")}
+
+
+def cell_label(config: dict) -> str:
+    return config["method"] + ("-chat" if config.get("chat") else "")
+
+
+def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]:
+    """Why each cell's score may mean little, by the cell's `id`: its diagnostics' flags (at
+    chance, collapsed) and, where the cells of its task `among` the folder's (default: these)
+    read different versions of the task's spec or data, its version (their scores do not
+    compare, whatever a table puts side by side); where they were judged by different versions of
+    the parsers, the parsers' version."""
+    versions: dict[str, list] = {}
+    parsers: dict[str, set] = {}
+    for r in results + (among or []):
+        known = versions.setdefault(r.config["task"], [])
+        if evaluated_on(r) not in known:
+            known.append(evaluated_on(r))
+        parsers.setdefault(r.config["task"], set()).add(r.versions.get("parsers"))
+    flagged = {}
+    for r in results:
+        flagged[id(r)] = list(r.diagnostics.flags) if r.diagnostics else []
+        n_versions = len(versions[r.config["task"]])
+        if n_versions > 1:
+            spec, _, data = (str(part or "?")[:8] for part in evaluated_on(r))
+            flagged[id(r)].append(f"task version {spec}/{data}, one of {n_versions} here: rerun older cells with --force")
+        n_parsers = len(parsers[r.config["task"]])
+        if n_parsers > 1:  # a rerun of the cell's command judges it again without generating
+            flagged[id(r)].append(f"judged by parsers {r.versions.get('parsers') or 'unrecorded'}, one of {n_parsers} here: rerun its command")
+    return flagged
+
+
+# unreadable results files already told of (path and time written): the comparison, the ranking
+# and the page each read every cell, and one warning is enough
+_unreadable_told: set[tuple[Path, int]] = set()
+
+
+def finished_cells(folder: Path) -> list[EvalResult]:
+    """Every finished cell under `folder` (OUTPUT/<model>/<task>/<cell>/results.json), ordered
+    by task, model, method and chat mode; a cell that cannot be read is left out with a warning."""
+    results = []
+    for path in sorted(Path(folder).glob("*/*/*/results.json")):
+        try:
+            results.append(EvalResult.load(path.parent))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            seen = (path.resolve(), path.stat().st_mtime_ns)
+            if seen not in _unreadable_told:
+                _unreadable_told.add(seen)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
+                log.warning("left out of the comparison: %s cannot be read (%s); rerun the command that made it to evaluate it again",
+                            path.parent, reason)
+    rank = {m: i for i, m in enumerate(METHODS)}
+    return sorted(results, key=lambda r: (r.config["task"], r.config["model"], rank.get(r.config["method"], 99), bool(r.config.get("chat"))))
+
+
+def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict]:
+    """For each model, task and chat mode, each method minus a baseline on the rows both were
+    evaluated on, with paired bootstrap 95% intervals."""
+    cells = {(r.model.get("spec", r.config["model"]), r.config["task"], bool(r.config.get("chat")), r.config["method"]): r for r in results}
+    comparisons = []
+    for (model, task, chat, method), result in cells.items():
+        for first, baseline in PAIRS:
+            other = cells.get((model, task, chat, baseline))
+            if method != first or other is None:
+                continue
+            if evaluated_on(result) != evaluated_on(other):
+                log.warning("no paired comparison of %s and %s on %s: other versions of the task or its data", method, baseline, task)
+                continue
+            a = {s.index: s for s in result.samples}
+            b = {s.index: s for s in other.samples}
+            rows = sorted(a.keys() & b.keys())
+            if len(rows) < 2:
+                continue
+            entry = {"model": cell_key(result)[0], "task": task, "chat": chat, "method": method, "baseline": baseline, "n": len(rows)}
+            for metric, field in PAIRED_METRICS.items():
+                x = np.array([getattr(a[i], field) for i in rows], dtype=float)
+                y = np.array([getattr(b[i], field) for i in rows], dtype=float)
+                entry[metric] = paired_difference(x, y, seed=seed).model_dump()
+            comparisons.append(entry)
+    return comparisons
+
+
+def cell_key(result: EvalResult) -> tuple[str, str, str, bool]:
+    """(model name, task, method, chat) of a cell."""
+    config = result.config
+    return model_name(config["model"]), config["task"], config["method"], bool(config.get("chat"))
+
+
+def evaluated_on(result: EvalResult) -> tuple:
+    """The task spec and evaluation data a cell read. A row index means the same question only
+    between cells that agree on both: cells are paired row by row only then."""
+    data = result.data
+    return data.get("spec_sha256"), data.get("split"), data.get("sha256") or data.get("source")
+
+
+def common_rows(results: list[EvalResult]) -> list[int]:
+    """The rows every one of the cells evaluated, so all are compared on the same rows; an error
+    when the cells read different versions of the task or its data."""
+    if len({evaluated_on(r) for r in results}) > 1:
+        task = results[0].config["task"]
+        raise SoftevalError(
+            f"the cells of task {task} were evaluated on different versions of its spec or data; "
+            "rerun the older cells (softeval ... --force) so they compare the same questions"
+        )
+    return sorted(set.intersection(*({s.index for s in r.samples} for r in results)))
+
+
+def outcome_table(results: list[EvalResult], rows: list[int], field: str) -> np.ndarray:
+    """(cells, rows) per-row outcomes (`field` of each sample), columns in `rows` order."""
+    table = []
+    for result in results:
+        by_index = {s.index: s for s in result.samples}
+        table.append([float(getattr(by_index[i], field)) for i in rows])
+    return np.array(table)
+
+
+def tuned_agreement(cells: dict, *, n_resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Soft prompt against LoRA task accuracy across every (model, task, chat mode) that has both
+    (`cells` keyed by `cell_key`): Pearson r and Kendall tau-b with intervals; None below 3 cells."""
+    both = [(model, task, chat) for (model, task, method, chat) in cells if method == "soft-prompt" and (model, task, "lora", chat) in cells]
+    if len(both) < 3:
+        return None
+    x, y, tasks = [], [], []
+    for task in dict.fromkeys(t for _, t, _ in both):
+        keys = [k for k in both if k[1] == task]
+        try:
+            rows = common_rows([cells[(m, task, method, c)] for m, _, c in keys for method in ("soft-prompt", "lora")])
+        except SoftevalError as exc:
+            log.warning("soft prompt vs LoRA leaves out %s: %s", task, exc)
+            continue
+        if len(rows) < 2:
+            continue
+        for model, _, chat in keys:
+            x.append(outcome_table([cells[(model, task, "soft-prompt", chat)]], rows, "task_correct")[0])
+            y.append(outcome_table([cells[(model, task, "lora", chat)]], rows, "task_correct")[0])
+            tasks.append(task)
+    if len(x) < 3:
+        return None
+    agreement = method_agreement(x, y, tasks, n_resamples=n_resamples, seed=seed)
+    return agreement.model_dump() | {"metric": "task_accuracy", "cells": [list(k) for k in both if k[1] in tasks]}
+
+

@@ -1,0 +1,399 @@
+"""The method's findings: the questions soft-prompt evaluation answers, stated for every study.
+
+Each finding is stated per model x task (and chat mode) where it applies, with the statistic
+behind it, its 95% interval and a verdict:
+
+- *holds*: the interval lies where the claim says;
+- *does not hold*: the interval lies where the claim says it should not;
+- *undetermined*: the interval cannot decide, there are too few rows or steps, or a cell the
+  finding rests on is flagged (at chance, collapsed, without strict answers, mostly empty,
+  tuned on its evaluation rows, or of another task version): such a finding never holds;
+- *not applicable*: the study has nothing to state it on (the reason says what is missing).
+
+The claims and their rules:
+
+1. `saturation`: format-following saturates within the method's budget of about 80 steps of
+   batch 8 (640 tuning examples). The statistic is the first validation step from which
+   format-following stays at or above PLATEAU_SHARE of its final value; its interval resamples
+   the validation rows (the same draw at every step). Holds where the whole interval is within
+   the budget (in this run's steps) and the final format-following is at least MIN_PLATEAU; does
+   not hold where the interval is all beyond the budget, or where a run as long as the budget
+   ends below MIN_PLATEAU; undetermined where a run shorter than the budget may still be rising
+   at its last step or has not yet reached MIN_PLATEAU.
+2. `knowledge_flat`: knowledge on the validation rows stays flat during tuning: the paired
+   difference between the last validation step and step 0. Holds where the interval lies
+   within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it.
+3. `above_zero_shot`, `above_few_shot`: a soft prompt scores above zero-shot and above few-shot
+   for base models (task accuracy, paired difference on the same rows). Holds where the interval
+   is above 0, does not hold where it is at or below 0.
+4. `post_trained_format`: post-trained models gain format-following from a soft prompt (paired
+   difference against zero-shot, with the chat template where both cells have one).
+5. `ranking_vs_zero_shot`, `ranking_vs_few_shot`: base models' soft-prompt scores predict the
+   post-trained models' ranking better: Kendall tau-b of soft-prompt minus that of the other
+   method, intervals from the same row draws (see `ranking.py`). Needs MIN_FAMILIES families.
+6. `soft_prompt_vs_lora`: soft-prompt and LoRA task accuracy line up across cells: Pearson r
+   (Kendall tau-b beside it). Holds where r's interval lies above LINE_UP_R, does not hold where
+   it lies below.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from softeval.analysis.comparisons import cell_flags, cell_key
+from softeval.analysis.ranking import MIN_FAMILIES, families
+from softeval.analysis.stats import CONFIDENCE, paired_difference
+from softeval.scoring import MODELS_FILE, EvalResult
+
+Verdict = Literal["holds", "does not hold", "undetermined", "not applicable"]
+
+METHOD_BUDGET_EXAMPLES = 80 * 8  # the method's ~80 steps of batch 8
+PLATEAU_SHARE = 0.95  # format-following at this share of its final value has reached its plateau
+MIN_PLATEAU = 0.5  # a plateau below this share of formatted answers is no saturation the method means
+KNOWLEDGE_MARGIN = 0.05  # knowledge moving less than 5 points either way is flat
+MIN_VALIDATION_ROWS = 10  # fewer validation rows say too little of a curve
+LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
+N_RESAMPLES = 2000
+# the cell flags that make a score mean little: a finding resting on such a cell is undetermined
+UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
+
+CLAIMS = {
+    "saturation": "format-following saturates within ~80 steps of batch 8",
+    "knowledge_flat": "knowledge stays flat while the soft prompt is tuned",
+    "above_zero_shot": "a soft prompt scores above zero-shot (base models)",
+    "above_few_shot": "a soft prompt scores above few-shot (base models)",
+    "post_trained_format": "post-trained models gain format-following from a soft prompt",
+    "ranking_vs_zero_shot": "soft-prompted base models predict the post-trained ranking better than zero-shot",
+    "ranking_vs_few_shot": "soft-prompted base models predict the post-trained ranking better than few-shot",
+    "soft_prompt_vs_lora": "soft-prompt and LoRA scores line up",
+}
+
+
+class Finding(BaseModel):
+    claim: str  # a key of CLAIMS
+    model: str | None = None
+    task: str | None = None
+    chat: bool | None = None
+    statistic: str = ""  # what `value` is
+    value: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: Verdict
+    reason: str
+
+
+def study_findings(folder: Path, results: list[EvalResult], comparisons: list[dict], agreement: dict | None) -> list[Finding]:
+    """Every finding of the cells of an output folder, from the paired comparisons and the soft
+    prompt vs LoRA agreement the comparison computed, the tuning curves and ranking.json."""
+    folder = Path(folder)
+    flagged = cell_flags(results)
+    flags = {cell_key(r): _undermining(flagged[id(r)]) for r in results}
+    cells = {cell_key(r): r for r in results}
+    roles, guessed = _roles(folder, results)
+    findings = []
+    findings += _curve_findings(folder, cells, flags)
+    findings += _paired_findings(comparisons, roles, guessed, flags)
+    findings += _ranking_findings(folder, cells, flags)
+    findings.append(_lora_finding(agreement, flags))
+    return findings
+
+
+# --- 1 and 2: the tuning curves ----------------------------------------------------------------
+
+
+def _curve_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
+    tuned = [(key, r) for key, r in cells.items() if key[2] == "soft-prompt"]
+    if not tuned:
+        reason = "no soft-prompt cells"
+        return [Finding(claim=c, verdict="not applicable", reason=reason) for c in ("saturation", "knowledge_flat")]
+    findings = []
+    for (model, task, _, chat), result in tuned:
+        where = {"model": model, "task": task, "chat": chat}
+        curve = _curve(folder, result)
+        problem = _curve_problem(curve)
+        if problem:
+            findings += [Finding(claim=c, **where, verdict="undetermined", reason=problem) for c in ("saturation", "knowledge_flat")]
+            continue
+        undermined = flags.get((model, task, "soft-prompt", chat), [])
+        findings.append(_saturation(curve, (result.tuning or {}).get("batch_size"), where, undermined))
+        findings.append(_knowledge_flat(curve, where, undermined))
+    return findings
+
+
+def saturation_step(steps: list[int], means: np.ndarray) -> np.ndarray:
+    """The first step from which every later mean stays at or above PLATEAU_SHARE of the last
+    one; `means` is (points,) or (points, resamples), one answer per resample."""
+    means = np.asarray(means, dtype=float)
+    reached = means >= PLATEAU_SHARE * means[-1] - 1e-12
+    index = np.arange(len(steps)).reshape(-1, *([1] * (means.ndim - 1)))
+    last_below = np.where(reached, -1, index).max(axis=0)  # the last point below the plateau
+    return np.asarray(steps)[last_below + 1]
+
+
+def _saturation(curve: list[dict], batch_size: int | None, where: dict, undermined: list[str]) -> Finding:
+    steps = [point["step"] for point in curve]
+    rows = np.array([point["rows"]["format_following"] for point in curve], dtype=float)  # (points, rows)
+    budget = METHOD_BUDGET_EXAMPLES / (batch_size or 8)
+    point = float(saturation_step(steps, rows.mean(axis=1)))
+    boot = saturation_step(steps, rows @ _row_counts(rows.shape[1]).T / rows.shape[1])
+    low, high = (float(q) for q in np.quantile(boot, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf"))
+    final = rows[-1].mean()
+    finding = dict(where, claim="saturation", statistic=f"first validation step at {100 * PLATEAU_SHARE:.0f}% of the final format-following "
+                   f"({100 * final:.0f}%); the method's budget is {budget:g} steps of batch {batch_size or 8}", value=point, ci_low=low, ci_high=high)
+    if batch_size is None:
+        return Finding(**finding, verdict="undetermined", reason="the tuned prompt does not record its batch size (tuned by an older softeval)")
+    if undermined:
+        return Finding(**finding, verdict="undetermined", reason=f"the soft-prompt cell is flagged: {', '.join(undermined)}")
+    final_low, final_high = _interval(rows[-1])
+    short = steps[-1] < budget  # a run shorter than the budget cannot tell what the budget reaches
+    if final_high < MIN_PLATEAU:
+        if short:
+            return Finding(**finding, verdict="undetermined", reason=f"format-following is at {100 * final:.0f}% at step {steps[-1]}, "
+                           f"short of the budget of {budget:g} steps: a longer run may reach {100 * MIN_PLATEAU:.0f}%")
+        return Finding(**finding, verdict="does not hold", reason=f"format-following ends at {100 * final:.0f}%, below {100 * MIN_PLATEAU:.0f}%")
+    if final_low < MIN_PLATEAU:
+        return Finding(**finding, verdict="undetermined", reason=f"the final format-following's interval includes {100 * MIN_PLATEAU:.0f}%")
+    # a plateau reached only at the last step may be a curve still rising, unless it has no room
+    # left to rise out of the plateau (even 100% would keep the last step within it)
+    if high >= steps[-1] and short and final < PLATEAU_SHARE:
+        return Finding(**finding, verdict="undetermined", reason=f"format-following may still be rising at the run's last step ({steps[-1]})")
+    if high <= budget:
+        return Finding(**finding, verdict="holds", reason=f"saturated by step {high:g} at the latest, within {budget:g}")
+    if low > budget:
+        return Finding(**finding, verdict="does not hold", reason=f"saturated after step {low:g} at the earliest, beyond {budget:g}")
+    return Finding(**finding, verdict="undetermined", reason=f"the interval spans the budget of {budget:g} steps")
+
+
+def _interval(outcomes: np.ndarray) -> tuple[float, float]:
+    """The 95% interval of a mean of per-row outcomes, by the findings' resamples."""
+    boot = _row_counts(len(outcomes)) @ outcomes / len(outcomes)
+    low, high = np.quantile(boot, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Finding:
+    first, last = (np.array(curve[i]["rows"]["knowledge"], dtype=float) for i in (0, -1))
+    d = paired_difference(last, first, n_resamples=N_RESAMPLES)
+    finding = dict(where, claim="knowledge_flat", statistic=f"knowledge at step {curve[-1]['step']} minus step {curve[0]['step']}, "
+                   f"{len(first)} validation rows", value=d.value, ci_low=d.ci_low, ci_high=d.ci_high)
+    if undermined:
+        return Finding(**finding, verdict="undetermined", reason=f"the soft-prompt cell is flagged: {', '.join(undermined)}")
+    if d.ci_low is None:
+        return Finding(**finding, verdict="undetermined", reason="too few validation rows for an interval")
+    margin = f"+-{100 * KNOWLEDGE_MARGIN:.0f} points"
+    if -KNOWLEDGE_MARGIN <= d.ci_low and d.ci_high <= KNOWLEDGE_MARGIN:
+        return Finding(**finding, verdict="holds", reason=f"the interval lies within {margin}")
+    if d.ci_low > KNOWLEDGE_MARGIN or d.ci_high < -KNOWLEDGE_MARGIN:
+        return Finding(**finding, verdict="does not hold", reason=f"the interval lies outside {margin}")
+    return Finding(**finding, verdict="undetermined", reason=f"the interval reaches beyond {margin}")
+
+
+def _curve(folder: Path, result: EvalResult) -> list[dict] | None:
+    """The tuning curve of a soft-prompt cell's prompt: curve.json beside it."""
+    recorded = (result.config.get("soft_prompt") or {}).get("path")
+    model, task, _, chat = cell_key(result)
+    candidates = [Path(recorded).parent / "curve.json"] if recorded else []
+    candidates.append(folder / model / task / ("prompt-chat" if chat else "prompt") / "curve.json")
+    for path in candidates:
+        if path.is_file():
+            try:
+                curve = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                return None
+            return curve if isinstance(curve, list) and all(isinstance(point, dict) for point in curve) else None
+    return None
+
+
+def _curve_problem(curve: list[dict] | None) -> str | None:
+    """Why a curve cannot state findings 1 and 2, or None."""
+    if not curve:
+        return "no readable tuning curve beside its soft prompt (a given prompt, one tuned elsewhere, or a damaged curve.json)"
+    if any("rows" not in point for point in curve):
+        return "its tuning curve records no per-row outcomes (tuned by an older softeval): retune it with --force"
+    if len(curve) < 2:
+        return "its tuning curve has a single validation step"
+    try:
+        lengths = {len(point["rows"][metric]) for point in curve for metric in ("format_following", "knowledge")}
+        steps = [int(point["step"]) for point in curve]
+    except (KeyError, TypeError, ValueError):
+        lengths, steps = set(), []
+    if len(lengths) != 1 or steps != sorted(steps):
+        return "its tuning curve.json is damaged (points without steps or per-row outcomes): retune it with --force"
+    n = lengths.pop()
+    if n < MIN_VALIDATION_ROWS:
+        return f"{n} validation rows; at least {MIN_VALIDATION_ROWS} are needed"
+    return None
+
+
+@lru_cache(maxsize=8)
+def _row_counts(n_rows: int) -> np.ndarray:
+    """(N_RESAMPLES, n_rows): how often each validation row is drawn in each resample."""
+    draws = np.random.default_rng(0).integers(0, n_rows, size=(N_RESAMPLES, n_rows))
+    return np.stack([np.bincount(d, minlength=n_rows) for d in draws]).astype(float)
+
+
+# --- 3 and 4: paired differences -----------------------------------------------------------------
+
+
+def _paired_findings(comparisons: list[dict], roles: dict[str, str | None], guessed: set[str], flags: dict) -> list[Finding]:
+    findings = []
+    base = [m for m, role in roles.items() if role == "base"]
+    post = [m for m, role in roles.items() if role == "post-trained"]
+    for claim, baseline in (("above_zero_shot", "zero-shot"), ("above_few_shot", "few-shot")):
+        found = [c for c in comparisons if c["model"] in base and not c["chat"] and (c["method"], c["baseline"]) == ("soft-prompt", baseline)]
+        if not base:
+            findings.append(Finding(claim=claim, verdict="not applicable", reason="no base model (declare role: base in a study file)"))
+        elif not found:
+            findings.append(Finding(claim=claim, verdict="not applicable", reason=f"no base model has both soft-prompt and {baseline} cells"))
+        findings += [_above(claim, c, "task_accuracy", flags, guessed) for c in found]
+    chat_pairs = {(c["model"], c["task"]) for c in comparisons if c["chat"] and (c["method"], c["baseline"]) == ("soft-prompt", "zero-shot")}
+    found = [
+        c for c in comparisons
+        if c["model"] in post and (c["method"], c["baseline"]) == ("soft-prompt", "zero-shot") and c["chat"] == ((c["model"], c["task"]) in chat_pairs)
+    ]
+    if not post:
+        findings.append(Finding(claim="post_trained_format", verdict="not applicable", reason="no post-trained model"))
+    elif not found:
+        findings.append(Finding(claim="post_trained_format", verdict="not applicable", reason="no post-trained model has both soft-prompt and zero-shot cells"))
+    findings += [_above("post_trained_format", c, "format_following", flags, guessed) for c in found]
+    return findings
+
+
+def _above(claim: str, comparison: dict, metric: str, flags: dict, guessed: set[str]) -> Finding:
+    """A method above its baseline on `metric` by the paired difference's interval."""
+    d = comparison[metric]
+    model, task, chat, baseline = comparison["model"], comparison["task"], comparison["chat"], comparison["baseline"]
+    finding = dict(claim=claim, model=model, task=task, chat=chat, value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"],
+                   statistic=f"{metric.replace('_', ' ')}, soft-prompt minus {baseline}{' (chat)' if chat else ''}, {comparison['n']} rows")
+    undermined = sorted({f for method in ("soft-prompt", baseline) for f in flags.get((model, task, method, chat), [])})
+    if undermined:
+        return Finding(**finding, verdict="undetermined", reason=f"a cell it rests on is flagged: {', '.join(undermined)}")
+    if model in guessed:
+        return Finding(**finding, verdict="undetermined", reason=f"{model}'s role is guessed from its chat template (a base model may have one): "
+                       "declare it in a study file (role: base or role: post-trained)")
+    return Finding(**finding, **_sign_verdict(d["ci_low"], d["ci_high"]))
+
+
+def _sign_verdict(low: float | None, high: float | None) -> dict:
+    if low is None:
+        return {"verdict": "undetermined", "reason": "no interval (too few rows, or the statistic is undefined on them)"}
+    if low > 0:
+        return {"verdict": "holds", "reason": "the interval lies above 0"}
+    if high <= 0:
+        return {"verdict": "does not hold", "reason": "the interval lies at or below 0"}
+    return {"verdict": "undetermined", "reason": "the interval includes 0"}
+
+
+# --- 5: the ranking ------------------------------------------------------------------------------
+
+
+def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
+    claims = (("ranking_vs_zero_shot", "zero-shot"), ("ranking_vs_few_shot", "few-shot"))
+    n_families = len(families(folder))
+    path = folder / "ranking.json"
+    if n_families < MIN_FAMILIES or not path.is_file():
+        reason = f"{n_families} families with a base and a post-trained model; the ranking needs {MIN_FAMILIES}"
+        if n_families >= MIN_FAMILIES:
+            reason = "no ranking: the study lacks cells it needs (see the log)"
+        return [Finding(claim=c, verdict="not applicable", reason=reason) for c, _ in claims]
+    try:
+        ranking = json.loads(path.read_text(encoding="utf-8"))
+        metric = ranking["reference"]["metric"]
+        comparison = ranking["by_metric"][metric]
+    except (ValueError, KeyError, TypeError):
+        return [Finding(claim=c, verdict="not applicable", reason=f"{path} cannot be read: run softeval rank again") for c, _ in claims]
+    if "tau_pairwise" not in comparison:
+        return [Finding(claim=c, verdict="not applicable", reason=f"{path} was written by an older softeval: run softeval rank again") for c, _ in claims]
+    findings = []
+    for claim, other in claims:
+        ranked = _ranked_cells(ranking, cells, ("soft-prompt", other))
+        undermined = sorted({f for key in ranked for f in flags.get(key, [])})
+        d = comparison["tau_pairwise"].get(f"soft-prompt - {other}")
+        if d is None:
+            findings.append(Finding(claim=claim, verdict="not applicable", reason=f"the ranking has no soft-prompt and {other} cells of every base model"))
+            continue
+        finding = dict(claim=claim, statistic=f"Kendall tau-b of soft-prompt minus {other}, base {metric} against the post-trained "
+                       f"{ranking['reference']['method']} {metric}, {n_families} families", value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"])
+        if undermined:
+            findings.append(Finding(**finding, verdict="undetermined", reason=f"ranked cells are flagged: {', '.join(undermined)}"))
+        else:
+            findings.append(Finding(**finding, **_sign_verdict(d["ci_low"], d["ci_high"])))
+    return findings
+
+
+def _ranked_cells(ranking: dict, cells: dict, methods: tuple[str, ...]) -> list[tuple]:
+    """The cells a ranking claim rests on: the base models' cells of the methods it compares, and
+    the post-trained references'."""
+    reference = ranking["reference"]
+    keys = []
+    for roles in ranking["families"].values():
+        for task in ranking["tasks"]:
+            keys += [(roles["base"], task, method, False) for method in methods]
+            keys.append((roles["post-trained"], task, reference["method"], reference["chat"]))
+    return [k for k in keys if k in cells]
+
+
+# --- 6: soft prompt vs LoRA ----------------------------------------------------------------------
+
+
+def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
+    if agreement is None:
+        return Finding(claim="soft_prompt_vs_lora", verdict="not applicable", reason="fewer than 3 (model, task) cells with both soft-prompt and LoRA")
+    r, tau = agreement["pearson"], agreement["tau_b"]
+    tau_text = "n/a" if tau["value"] is None else f"{tau['value']:.2f}"
+    finding = dict(claim="soft_prompt_vs_lora", statistic=f"Pearson r of task accuracy over {agreement['n_cells']} cells (Kendall tau-b {tau_text})",
+                   value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"])
+    cells = [(m, t, method, c) for m, t, c in agreement["cells"] for method in ("soft-prompt", "lora")]
+    undermined = sorted({f for key in cells for f in flags.get(tuple(key), [])})
+    if undermined:
+        return Finding(**finding, verdict="undetermined", reason=f"cells it rests on are flagged: {', '.join(undermined)}")
+    if r["ci_low"] is None:
+        return Finding(**finding, verdict="undetermined", reason="no interval (the scores are tied)")
+    if r["ci_low"] > LINE_UP_R:
+        return Finding(**finding, verdict="holds", reason=f"the interval lies above r = {LINE_UP_R}")
+    if r["ci_high"] < LINE_UP_R:
+        return Finding(**finding, verdict="does not hold", reason=f"the interval lies below r = {LINE_UP_R}")
+    return Finding(**finding, verdict="undetermined", reason=f"the interval includes r = {LINE_UP_R}")
+
+
+# --- shared pieces -------------------------------------------------------------------------------
+
+
+def _undermining(flags: list[str]) -> list[str]:
+    return [f for f in flags if f.startswith(UNDERMINING)]
+
+
+def _roles(folder: Path, results: list[EvalResult]) -> tuple[dict[str, str | None], set[str]]:
+    """Each model's role, and the models whose role is only a guess. The role is as a study
+    declared it (models.json) or as its cells recorded it (declared, or known to the model
+    registry); failing those it is guessed from the chat template (a base model may ship one,
+    as Qwen's do), and a finding on a guessed role is undetermined."""
+    path = folder / MODELS_FILE
+    try:
+        declared = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError:
+        declared = {}
+    known: dict[str, str] = {}
+    guesses: dict[str, str] = {}
+    for r in results:
+        name = cell_key(r)[0]
+        role = (declared.get(name) or {}).get("role") or r.config.get("role")
+        if role:
+            known[name] = role
+        elif "post_trained" in r.config or r.config.get("chat"):
+            template = bool(r.config.get("chat") or r.config.get("post_trained")) or guesses.get(name) == "post-trained"
+            guesses[name] = "post-trained" if template else "base"
+    roles = {name: known.get(name) or guesses.get(name) for name in (cell_key(r)[0] for r in results)}
+    guessed = {name for name in guesses if name not in known}
+    return roles, guessed
+
+
+# --- how findings are shown ----------------------------------------------------------------------
+
+

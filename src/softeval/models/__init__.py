@@ -1,0 +1,25 @@
+"""Models: loading by alias, folder or hub id (the offline GGUF packages converted once into a
+cache), a model's identity read from its config, whether the hub can be reached, and memory the
+process keeps between batches.
+"""
+
+from softeval._lazy import lazy_exports
+
+EXPORTS = {
+    # hub
+    "hub_unreachable": "hub",
+    "offline": "hub",
+    # loading
+    "ALIASES": "loading",
+    "LoadedModel": "loading",
+    "cache_root": "loading",
+    "cached_models": "loading",
+    "load_model": "loading",
+    "model_kind": "loading",
+    "model_name": "loading",
+    "prepare_alias": "loading",
+    # memory
+    "kept_free_bytes": "memory",
+}
+__all__ = sorted(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

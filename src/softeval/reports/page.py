@@ -1,0 +1,367 @@
+"""The report page: OUTPUT/index.html, one self-contained file built from every finished cell.
+
+It works opened from disk, offline: the styles and the script are inline, the charts are inline SVG
+drawn by matplotlib (so the page needs no chart library, and a chart is the same figure the
+library draws elsewhere), and the samples travel as one JSON block that a small script filters and
+pages through (a table of 10,000 rows is rendered a page at a time). Text that a model wrote is
+always inserted as text, never as markup.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from datetime import datetime, timezone
+from importlib.metadata import version
+from importlib.resources import files
+from pathlib import Path
+
+from jinja2 import Environment, select_autoescape
+
+from softeval._io import write_text_atomic
+from softeval.analysis import (
+    CLAIMS,
+    Finding,
+    cell_flags,
+    cell_key,
+    cell_label,
+    finished_cells,
+    paired_comparisons,
+    study_findings,
+    tuned_agreement,
+)
+from softeval.reports.comparison import SHORT, cost
+from softeval.reports.findings import estimate_text, where
+from softeval.scoring import MEANINGS, METRICS, MODELS_FILE, EvalResult
+
+CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
+PAGE = "index.html"
+
+
+def write_page(folder: str | Path) -> Path:
+    """Render OUTPUT/index.html from the results on disk; returns its path."""
+    folder = Path(folder)
+    results = finished_cells(folder)
+    environment = Environment(autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
+    template = environment.from_string(files("softeval.reports").joinpath("templates/report.html.j2").read_text(encoding="utf-8"))
+    html = template.render(**page_context(folder, results))
+    path = folder / PAGE
+    write_text_atomic(path, html)
+    return path
+
+
+def page_context(folder: Path, results: list[EvalResult]) -> dict:
+    ranking_path = folder / "ranking.json"
+    ranking = json.loads(ranking_path.read_text(encoding="utf-8")) if ranking_path.is_file() else None
+    agreement = tuned_agreement({cell_key(r): r for r in results})
+    paired = paired_comparisons(results)
+    return {
+        "title": f"softeval report: {folder.resolve().name}",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "softeval_version": version("softeval"),
+        "header": run_header(folder, results),
+        "tasks": [task_overview(task, [r for r in results if r.config["task"] == task]) for task in dict.fromkeys(r.config["task"] for r in results)],
+        "metric_names": [SHORT[m] for m in METRICS],
+        "metric_meanings": [MEANINGS[m] for m in METRICS],
+        "findings": findings_view(study_findings(folder, results, paired, agreement)),
+        "paired": paired,
+        "curves": tuning_curves(folder),
+        "ranking": ranking_view(ranking) if ranking else None,
+        "agreement": agreement_view(agreement, results) if agreement else None,
+        "samples_json": samples_json(results),
+    }
+
+
+# --- findings -------------------------------------------------------------------------------------
+
+
+def findings_view(findings: list[Finding]) -> list[dict]:
+    """The findings as the page's first section shows them: claim, where, estimate, verdict."""
+    return [
+        {"claim": CLAIMS[f.claim], "where": where(f), "estimate": estimate_text(f), "verdict": f.verdict,
+         "css": f.verdict.replace(" ", "-"), "reason": f.reason, "statistic": f.statistic}
+        for f in findings
+    ]
+
+
+# --- header ---------------------------------------------------------------------------------------
+
+
+def run_header(folder: Path, results: list[EvalResult]) -> dict:
+    """Models with their identity, tasks with their data hash, the settings, package versions
+    and the time each stage took over all cells."""
+    roles = json.loads((folder / MODELS_FILE).read_text(encoding="utf-8")) if (folder / MODELS_FILE).is_file() else {}
+    models, tasks, versions = {}, {}, {}
+    stages: dict[str, float] = {}
+    for r in results:
+        name = cell_key(r)[0]
+        identity = r.model
+        source = identity.get("gguf_sha256") or identity.get("folder") or identity.get("hub_id") or identity.get("gguf") or ""
+        models[name] = {
+            "name": name,
+            "spec": identity.get("spec", r.config["model"]),
+            "type": identity.get("model_type", ""),
+            "parameters": f"{identity['n_parameters'] / 1e6:.0f}M" if identity.get("n_parameters") else "",
+            "source": _short(source),
+            "config": _short(identity.get("config_sha256", "")),
+            "role": " ".join(filter(None, [roles.get(name, {}).get("family"), roles.get(name, {}).get("role")])),
+        }
+        data = r.data
+        seen = tasks.get(r.config["task"], {})  # every version of spec and data the task's cells read
+        tasks[r.config["task"]] = {
+            "name": r.config["task"],
+            "split": data.get("split", ""),
+            "rows": data.get("rows", ""),
+            "filtered_out": data.get("filtered_out", 0),
+            "data": _with_version(seen.get("data", ""), _short(data.get("sha256") or data.get("source", ""))),
+            "spec": _with_version(seen.get("spec", ""), _short(data.get("spec_sha256", ""))),
+        }
+        for stage, seconds in r.timings.items():
+            stages[f"evaluate: {stage}"] = stages.get(f"evaluate: {stage}", 0.0) + seconds
+        if r.tuning and r.tuning.get("tuning_seconds"):
+            stages[f"tune: {r.config['method']}"] = stages.get(f"tune: {r.config['method']}", 0.0) + r.tuning["tuning_seconds"]
+        for package, v in r.versions.items():
+            versions.setdefault(package, set()).add(v)
+    settings = {}
+    for key in ("limit", "seed", "k", "batch_size", "max_new_tokens"):
+        values = sorted({str(r.config.get(key)) for r in results if key != "k" or r.config["method"] == "few-shot"})
+        if values:
+            settings[key] = ", ".join(values)
+    steps = sorted({str(r.tuning["steps"]) for r in results if r.tuning and r.tuning.get("steps")})
+    if steps:
+        settings["tuning steps"] = ", ".join(steps)
+    return {
+        "models": list(models.values()),
+        "tasks": list(tasks.values()),
+        "settings": settings,
+        "versions": {p: ", ".join(sorted(v)) for p, v in sorted(versions.items())},
+        "stages": {k: f"{v:.1f} s" for k, v in sorted(stages.items())},
+    }
+
+
+def _with_version(listed: str, version: str) -> str:
+    """`listed` (versions joined by ", ") with `version` added when it is new."""
+    return ", ".join(dict.fromkeys([*filter(None, listed.split(", ")), version]))
+
+
+def _short(text: str) -> str:
+    """A hash cut to 12 characters; a path or id as it is."""
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+# --- overview -------------------------------------------------------------------------------------
+
+
+def task_overview(task: str, results: list[EvalResult]) -> dict:
+    rows = []
+    flagged = cell_flags(results)
+    for r in results:
+        rows.append({
+            "model": cell_key(r)[0],
+            "method": cell_label(r.config),
+            "n": len(r.samples),
+            "metrics": [_metric(r.metrics[m]) for m in METRICS],
+            "flags": flagged[id(r)],
+            "cost": cost(r),
+        })
+    return {"name": task, "rows": rows, "chart": metric_chart(task, results, flagged)}
+
+
+def _metric(m) -> dict:
+    if m.value is None:
+        return {"value": "n/a", "ci": ""}
+    ci = f"{100 * m.ci_low:.1f}-{100 * m.ci_high:.1f}" if m.ci_low is not None and m.ci_high is not None else ""
+    return {"value": f"{100 * m.value:.1f}", "ci": ci}
+
+
+def metric_chart(task: str, results: list[EvalResult], flagged: dict[int, list[str]]) -> str:
+    """Grouped bars, one group per model and one bar per method, for each chart metric, with
+    95% interval whiskers; hatched bars are flagged cells (`flagged`, from `cell_flags`)."""
+    plt = _pyplot()
+    models = list(dict.fromkeys(cell_key(r)[0] for r in results))
+    methods = list(dict.fromkeys(cell_label(r.config) for r in results))
+    cells = {(cell_key(r)[0], cell_label(r.config)): r for r in results}
+    width = 0.8 / max(len(methods), 1)
+    fig, axes = plt.subplots(1, len(CHART_METRICS), figsize=(4.2 * len(CHART_METRICS), 3.4), sharey=True)
+    colours = plt.get_cmap("tab10").colors
+    for ax, metric in zip(axes, CHART_METRICS):
+        for j, method in enumerate(methods):
+            xs, values, errors, hatches = [], [], [[], []], []
+            for i, model in enumerate(models):
+                r = cells.get((model, method))
+                m = r.metrics[metric] if r else None
+                if m is None or m.value is None:
+                    continue
+                xs.append(i + (j - (len(methods) - 1) / 2) * width)
+                values.append(100 * m.value)
+                low = m.value if m.ci_low is None else m.ci_low
+                high = m.value if m.ci_high is None else m.ci_high
+                errors[0].append(100 * (m.value - low))
+                errors[1].append(100 * (high - m.value))
+                hatches.append("//" if flagged[id(r)] else "")
+            bars = ax.bar(xs, values, width * 0.92, yerr=errors, capsize=2, color=colours[j % len(colours)], label=method,
+                          error_kw={"elinewidth": 0.8, "ecolor": "#333"})
+            for bar, hatch in zip(bars, hatches):
+                bar.set_hatch(hatch)
+        ax.set_title(metric.replace("_", " "), fontsize=10)
+        ax.set_xticks(range(len(models)), models, fontsize=8, rotation=30 if len(models) > 2 else 0, ha="right" if len(models) > 2 else "center")
+        ax.set_ylim(0, 100)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("% of rows (95% CI)")
+    from matplotlib.patches import Patch
+
+    # plain swatches: a hatched first bar would make its method look flagged everywhere
+    handles = [Patch(facecolor=colours[j % len(colours)], label=method) for j, method in enumerate(methods)]
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(methods), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # room for the legend below the charts
+    return _svg(fig)
+
+
+# --- tuning curves and ranking --------------------------------------------------------------------
+
+
+def tuning_curves(folder: Path) -> list[dict]:
+    """One chart per tuned prompt or adapter: losses, and the validation metrics, against steps."""
+    curves = []
+    for path in sorted(folder.glob("*/*/*/curve.json")):
+        model, task, kind = path.parent.relative_to(folder).parts
+        points = json.loads(path.read_text(encoding="utf-8"))
+        curves.append({"name": f"{model} / {task} / {kind}", "chart": curve_chart(points, f"{model} / {task} / {kind}")})
+    return curves
+
+
+def curve_chart(points: list[dict], title: str) -> str:
+    plt = _pyplot()
+    steps = [p["step"] for p in points]
+    value = lambda p, k: math.nan if p.get(k) is None else p[k]  # noqa: E731
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+    for key in ("train_loss", "val_loss"):
+        left.plot(steps, [value(p, key) for p in points], marker="o", markersize=3, label=key.replace("_", " "))
+    left.set(xlabel="step", title="loss")
+    for ax in (left, right):
+        ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
+    left.legend(fontsize=8)
+    for key in CHART_METRICS:
+        right.plot(steps, [100 * value(p, key) for p in points], marker="o", markersize=3, label=key.replace("_", " "))
+    right.set(xlabel="step", ylim=(0, 100), title="validation (%)")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def ranking_view(ranking: dict) -> dict:
+    """The ranking table, and per method a chart of each family's base-model rank against its
+    post-trained model's reference rank (on the diagonal where the method predicts perfectly)."""
+    from softeval.reports.ranking import ranking_rows
+
+    comparison = ranking["by_metric"][ranking["reference"]["metric"]]
+    families = list(ranking["families"])
+    return {
+        "reference": ranking["reference"],
+        "families": ranking["families"],
+        "tasks": ranking["tasks"],
+        "rows": ranking_rows(ranking),
+        "chart": rank_chart(families, comparison),
+    }
+
+
+def rank_chart(families: list[str], comparison: dict) -> str:
+    from scipy.stats import rankdata
+
+    plt = _pyplot()
+    methods = comparison["methods"]
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
+    for ax, (method, agreement) in zip(axes[0], methods.items()):
+        base = rankdata([-s for s in agreement["predictor_scores"]])
+        reference = rankdata([-s for s in agreement["reference_scores"]])
+        ax.plot([1, len(families)], [1, len(families)], color="#bbb", linewidth=1)
+        ax.scatter(base, reference, zorder=3)
+        for family, x, y in zip(families, base, reference):
+            ax.annotate(family, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        tau = agreement["tau_b"]
+        label = "n/a" if tau["value"] is None else f"{tau['value']:.2f}" + (f" [{tau['ci_low']:.2f}, {tau['ci_high']:.2f}]" if tau["ci_low"] is not None else "")
+        ax.set(title=f"{method}\ntau-b {label}", xlabel="base-model rank", ylabel="post-trained rank")
+        ax.title.set_fontsize(9)
+        ax.invert_xaxis()
+        ax.invert_yaxis()
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:
+    """Soft prompt against LoRA task accuracy, one point per cell that has both."""
+    plt = _pyplot()
+    cells = {cell_key(r): r for r in results}
+    xs, ys, names = [], [], []
+    for model, task, chat in agreement["cells"]:
+        xs.append(100 * (cells[(model, task, "soft-prompt", chat)].metrics["task_accuracy"].value or 0))
+        ys.append(100 * (cells[(model, task, "lora", chat)].metrics["task_accuracy"].value or 0))
+        names.append(f"{model} / {task}" + (" (chat)" if chat else ""))
+    fig, ax = plt.subplots(figsize=(4.2, 4))
+    ax.plot([0, 100], [0, 100], color="#bbb", linewidth=1)
+    ax.scatter(xs, ys, zorder=3)
+    if len(names) <= 8:  # more labels than that would cover the points
+        for name, x, y in zip(names, xs, ys):
+            ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="soft-prompt task accuracy (%)", ylabel="LoRA task accuracy (%)", xlim=(0, 100), ylim=(0, 100))
+    fig.tight_layout()
+    return {"summary": agreement, "chart": _svg(fig)}
+
+
+# --- samples --------------------------------------------------------------------------------------
+
+
+def outcome(sample) -> str:
+    """correct, wrong (in the format but not right), ambiguous (several answers), conflict (one
+    option's letter with another's text; the diagnostics table counts both apart) or format failure (no
+    answer the strict parser accepts)."""
+    if sample.task_correct:
+        return "correct"
+    if sample.lenient_status in ("ambiguous", "conflict"):
+        return sample.lenient_status
+    return "wrong" if sample.format_ok else "format failure"
+
+
+def samples_json(results: list[EvalResult]) -> str:
+    """Every sample of every cell as compact JSON, safe inside a <script> element."""
+    cells, rows = [], []
+    for c, r in enumerate(results):
+        model, task, _, _ = cell_key(r)
+        cells.append({"model": model, "task": task, "method": cell_label(r.config)})
+        for s in r.samples:
+            rows.append([
+                c, s.index, outcome(s), s.prompt, s.raw_completion, s.completion, s.strict_answer, s.strict_failure,
+                s.lenient_answer, s.lenient_status, s.gold, s.choices,
+                None if s.option_loglikelihoods is None else [None if x is None else round(x, 3) for x in s.option_loglikelihoods],
+            ])
+    text = json.dumps({"cells": cells, "rows": rows}, ensure_ascii=False, separators=(",", ":"))
+    # "</" would end the script element early; "<!--" would open a comment inside it
+    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+
+
+# --- charts ---------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, sharper, searchable
+    plt.rcParams["svg.hashsalt"] = "softeval"  # element ids from the content: the same results, the same page
+    return plt
+
+
+def _svg(fig) -> str:
+    """The figure as an inline <svg> element (no XML prolog, no external references)."""
+    plt = _pyplot()
+    buffer = io.StringIO()
+    try:
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    finally:
+        plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]

@@ -1,0 +1,80 @@
+"""The files of an output folder that hold results: a finished cell's results.json and
+samples.jsonl (read and written by `EvalResult`), and the study's models.json.
+
+No torch here: reports, rankings and the report page read results without loading a model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from softeval._io import write_json_atomic, write_jsonl_atomic
+from softeval.scoring.metrics import Diagnostics, Metric, Sample
+
+MODELS_FILE = "models.json"  # family and role (base, post-trained) of each model of the folder
+
+
+@dataclass
+class EvalResult:
+    config: dict
+    metrics: dict[str, Metric]
+    samples: list[Sample]
+    model: dict
+    data: dict
+    timings: dict[str, float]
+    n_truncated: int
+    diagnostics: Diagnostics | None = None
+    versions: dict = field(default_factory=dict)
+    identity: dict = field(default_factory=dict)  # what the cell's results depend on (see evaluate.cell_identity)
+    tuning: dict | None = None  # tuned methods: trainable parameters, tuning seconds and steps
+    engine: dict | None = None  # the path the cell ran on and the self-check's figures (softeval.engine.selfcheck)
+    created: str | None = None  # when the cell was evaluated; None: now
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config,
+            "identity": self.identity,
+            "tuning": self.tuning,
+            "engine": self.engine,
+            "metrics": {k: m.model_dump() for k, m in self.metrics.items()},
+            "diagnostics": self.diagnostics.model_dump() if self.diagnostics else None,
+            "n_examples": len(self.samples),
+            "n_truncated_prompts": self.n_truncated,
+            "model": self.model,
+            "data": self.data,
+            "timings_s": self.timings,
+            "versions": self.versions,
+            "created": self.created or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    @classmethod
+    def load(cls, folder: str | Path) -> EvalResult:
+        """A finished cell from its folder (results.json and samples.jsonl)."""
+        folder = Path(folder)
+        saved = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+        lines = (folder / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+        return cls(
+            config=saved["config"],
+            metrics={k: Metric(**m) for k, m in saved["metrics"].items()},
+            samples=[Sample.model_validate_json(line) for line in lines if line.strip()],
+            model=saved["model"],
+            data=saved["data"],
+            timings=saved.get("timings_s", {}),
+            n_truncated=saved.get("n_truncated_prompts", 0),
+            diagnostics=Diagnostics(**saved["diagnostics"]) if saved.get("diagnostics") else None,
+            versions=saved.get("versions", {}),
+            identity=saved.get("identity", {}),
+            tuning=saved.get("tuning"),
+            engine=saved.get("engine"),
+            created=saved.get("created"),
+        )
+
+    def save(self, folder: str | Path) -> Path:
+        """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
+        folder = Path(folder)
+        write_jsonl_atomic(folder / "samples.jsonl", [s.model_dump() for s in self.samples])
+        write_json_atomic(folder / "results.json", self.to_json())
+        return folder

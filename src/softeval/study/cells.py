@@ -1,0 +1,131 @@
+"""One (model, task) unit of a study, on a loaded model: for each method and chat mode, tune or
+reuse the soft prompt or LoRA adapter the method needs, then evaluate the cell, or judge it again
+if it is finished already. `runner.run_study` runs the units, here or on Ray (`distributed.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from softeval.errors import SoftevalError
+from softeval.models import LoadedModel
+from softeval.study.evaluation import cell_identity, evaluate, identity_difference, model_facts, rejudge
+from softeval.study.folders import CellReport, cell_folder, finished_identity, tuned_folder
+from softeval.study.settings import Study
+from softeval.tasks import TaskSpec
+from softeval.tuning import (
+    TUNED,
+    WEIGHTS,
+    Adapter,
+    SoftPrompt,
+    TuneConfig,
+    checkpoint_matches,
+    load_adapter,
+    load_soft_prompt,
+    provenance,
+    provenance_difference,
+    sweep,
+    sweep_record,
+    tune,
+)
+
+log = logging.getLogger("softeval")
+
+
+def run_unit(
+    lm: LoadedModel, spec: TaskSpec, study: Study, *, role: str | None = None, output: Path, soft: SoftPrompt | None, data_dir,
+    force: bool, progress: bool = True, tell_failures: bool = True,
+) -> list[CellReport]:
+    """Every method and chat mode of one model on one task. A cell that fails is reported (and
+    logged as it fails, with `tell_failures`) and the others go on."""
+    reports = []
+    for chat in chat_modes(lm, study, role):
+        for method in study.methods:
+            if method == "soft-prompt" and soft is not None and bool(soft.metadata.get("chat")) != chat:
+                if chat:  # a given prompt serves the one mode it was tuned for
+                    log.warning("%s was tuned without the chat template: no soft-prompt cell with --chat (tune one with --chat)", soft.name)
+                continue
+            folder = cell_folder(output, lm.name, spec.name, method, chat)
+            try:
+                reports.append(_run_cell(lm, spec, study, method, chat, folder, role=role, output=output, soft=soft, data_dir=data_dir,
+                                         force=force, progress=progress))
+            except SoftevalError as exc:
+                if tell_failures:
+                    log.error("%s failed: %s", folder, exc)
+                reports.append(CellReport(folder, "failed", str(exc)))
+    return reports
+
+
+def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
+    """Plain, and with `chat` also the chat template for post-trained models: a model declared
+    `base` runs plain even where its tokenizer ships a chat template."""
+    if not study.chat:
+        return [False]
+    if (role or lm.role) == "base" or not lm.post_trained:
+        if (role or lm.role) is None:
+            log.warning("%s has no chat template: run without --chat", lm.name)
+        return [False]
+    return [False, True]
+
+
+def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress) -> CellReport:
+    tuned = None
+    if method in TUNED:
+        if method == "soft-prompt" and soft is not None:
+            tuned = soft
+        else:
+            place = tuned_folder(output, lm.name, spec.name, method, chat)
+            tuned = tuned_or_reused(lm, spec, study.tune_config(method, chat), place, data_dir=data_dir, sweep_grid=study.sweep,
+                                    sweep_steps=study.sweep_steps, force=force, progress=progress)
+    settings = dict(chat=chat, k=study.k, limit=study.limit, seed=study.seed, data_dir=data_dir)
+    wanted = cell_identity(lm, spec, method, **settings, tuned=tuned)
+    finished = finished_identity(folder)
+    if not force and finished == wanted:
+        try:
+            changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed, facts=model_facts(lm, role))
+        except SoftevalError as exc:  # its completions are lost: computing them again costs time, not trust
+            log.warning("%s; evaluating it again", exc)
+        else:
+            log.info("finished already: %s", folder)
+            if changed:
+                log.warning("%s: %d completions are judged otherwise by this version's parsers; its scores are updated", folder, changed)
+            return CellReport(folder, "skipped")
+    elif finished is not None and not force:  # replaced, so say why: the old cell is gone after this
+        log.warning("evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
+    result = evaluate(
+        lm, spec, method, **settings, batch_size=study.batch_size, role=role, progress=progress,
+        soft_prompt=tuned if method == "soft-prompt" else None, adapter=tuned if method == "lora" else None,
+    )
+    result.save(folder)
+    return CellReport(folder, "done")
+
+
+def tuned_or_reused(
+    lm, spec, config: TuneConfig, folder: Path, *, data_dir, sweep_grid: bool = False, sweep_steps: int = 40, force: bool = False, progress: bool = True
+) -> SoftPrompt | Adapter:
+    """The soft prompt or LoRA adapter for a cell: reused when a finished one with the same
+    provenance (model, task spec, chat mode, data, settings, plain or swept) exists, tuned
+    otherwise. An interrupted run with the same settings continues from its checkpoint."""
+    sweeping = sweep_grid and config.method == "soft-prompt"  # LoRA is tuned at its own lr
+    wanted = provenance(lm, spec, config, data_dir, sweep_record(sweep_steps) if sweeping else {"by": "tune"})
+    saved = _saved_tuning(folder, config.method)
+    if saved is not None and not force:
+        changed = provenance_difference(saved.metadata, wanted, sweep=sweeping)
+        if changed is None:
+            log.info("reusing %s", saved.path)
+            return saved
+        log.warning("tuning %s again: its %s changed", folder, changed)
+    if sweeping:
+        return sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
+    resume = not force and checkpoint_matches(folder / "checkpoint.safetensors", config, lm, spec)
+    return tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress)
+
+
+def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:
+    if method == "lora":
+        return load_adapter(folder) if (folder / WEIGHTS).is_file() else None
+    path = folder / "soft_prompt.safetensors"
+    return load_soft_prompt(path) if path.is_file() else None
+
+

@@ -1,0 +1,163 @@
+"""What a study and a tuning run are set to: the pydantic models of the settings that every
+command validates before any work (`Study`, read from a study file by `load_study`, and
+`TuneConfig`), and the checks that need only them and the data.
+
+No torch or transformers here: the command line parses and checks its options, and says what is
+wrong with them, without loading either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from softeval._io import read_yaml_mapping
+from softeval.analysis import Reference
+from softeval.errors import SoftevalError, validation_problem
+from softeval.models import model_name
+from softeval.tuning import METHODS, TuneConfig
+
+
+class ModelEntry(BaseModel):
+    """A model of the study. `role` says whether it is a base or a post-trained model; `family`
+    (with a role) pairs a base model with its post-trained version for the ranking."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    family: str | None = None
+    role: Literal["base", "post-trained"] | None = None
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(8, gt=0)
+    alpha: int = Field(16, gt=0)
+    targets: list[str] | None = None  # None: each model's own attention projections (see lora.default_targets)
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # adapters take a smaller step than prompt vectors
+
+
+RAY_RESOURCES = ("num_cpus", "num_gpus", "memory")
+
+
+# tuning settings that a study sets from its own keys (methods, chat, seed, lora)
+STUDY_OWNED = {"method", "chat", "seed"} | {key for key in TuneConfig.model_fields if key.startswith("lora_")}
+
+
+class Study(BaseModel):
+    """A grid of cells and every setting its results depend on; a study file holds one."""
+
+    model_config = ConfigDict(extra="forbid")
+    models: list[ModelEntry] = Field(min_length=1)
+    tasks: list[str] = Field(min_length=1)
+    methods: list[str] = Field(["zero-shot", "few-shot", "soft-prompt"], min_length=1)
+    chat: bool = False  # also run post-trained models with their chat template
+    k: int = Field(5, ge=1)
+    limit: int | None = Field(None, ge=1)
+    seed: int = Field(0, ge=0)  # numpy's generators take no negative seeds
+    batch_size: int | None = Field(None, ge=1)  # None: batches sized by the engine's budgets
+    tuning: TuneConfig = TuneConfig()
+    lora: LoraSettings = LoraSettings()
+    sweep: bool = False
+    sweep_steps: int = Field(40, gt=0)
+    reference: Reference | None = None  # None: as the folder's last ranking, else the default
+    resources: dict[str, float] = {"num_cpus": 1}  # per (model, task) unit on Ray, e.g. num_gpus: 1
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: list[str]) -> list[str]:
+        for method in methods:
+            if method not in METHODS:
+                raise ValueError(f"unknown method '{method}'; choose from: {', '.join(METHODS)}")
+        return list(dict.fromkeys(methods))
+
+    @field_validator("tuning")
+    @classmethod
+    def _tuning_settings_only(cls, tuning: TuneConfig) -> TuneConfig:
+        # these come from the study's own keys: a value under tuning would be silently replaced
+        misplaced = sorted(tuning.model_fields_set & STUDY_OWNED)
+        if misplaced:
+            raise ValueError(f"'{misplaced[0]}' is not a tuning setting here; set chat and seed at the top level, methods under methods, LoRA under lora")
+        return tuning
+
+    @field_validator("resources")
+    @classmethod
+    def _ray_resources(cls, resources: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(resources) - set(RAY_RESOURCES))
+        if unknown:
+            raise ValueError(f"unknown resource '{unknown[0]}'; use {', '.join(RAY_RESOURCES)}")
+        return resources
+
+    @model_validator(mode="after")
+    def _init_text_is_read(self) -> Study:
+        if self.tuning.init_text is not None and self.tuning.init != "text" and not self.sweep:
+            raise ValueError("tuning.init_text is read by init: text only; set tuning.init: text (or sweep: true, which tries it) or drop init_text")
+        return self
+
+    @model_validator(mode="after")
+    def _models_pair_up(self) -> Study:
+        names: dict[str, str] = {}
+        for entry in self.models:
+            name = model_name(entry.model)
+            if name in names:
+                raise ValueError(f"models '{names[name]}' and '{entry.model}' would share the results folder '{name}'; give one of them as a local folder of another name")
+            names[name] = entry.model
+        roles: dict[str, set[str]] = {}
+        for entry in self.models:
+            # a role alone says what a model is (the findings need no more); a family pairs roles
+            if entry.family is not None and entry.role is None:
+                raise ValueError(f"model '{entry.model}' has a family but no role; give it role: base or role: post-trained")
+            if entry.family is not None:
+                if entry.role in roles.setdefault(entry.family, set()):
+                    raise ValueError(f"family '{entry.family}' has two {entry.role} models; give each family one base and one post-trained model")
+                roles[entry.family].add(entry.role)
+        for family, found in roles.items():
+            if len(found) < 2:
+                missing = ({"base", "post-trained"} - found).pop()
+                raise ValueError(f"family '{family}' has no {missing} model; add it, or drop the family (a role alone may stay)")
+        if roles and (self.reference or Reference()).chat and not self.chat:
+            raise ValueError("the ranking's reference is the post-trained models' chat-template cells: set chat: true (or reference.chat: false)")
+        return self
+
+    def tune_config(self, method: str, chat: bool) -> TuneConfig:
+        """The tuning settings of one tuned cell."""
+        config = self.tuning.model_copy(update={"chat": chat, "seed": self.seed, "method": method})
+        if method == "lora":  # the soft prompt's own settings do not apply, so they cannot retune it
+            lora, defaults = self.lora, TuneConfig()
+            config = config.model_copy(update={
+                "lr": lora.lr, "lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_targets": lora.targets,
+                "length": defaults.length, "init": defaults.init, "init_text": defaults.init_text,
+            })
+        return config
+
+
+def load_study(path: str | Path) -> Study:
+    """A study file (YAML), validated; a mistake is one line naming the file and the setting."""
+    path = Path(path)
+    if not path.is_file():
+        raise SoftevalError(f"study file not found: {path}; give the path of a study YAML")
+    raw = read_yaml_mapping(path, "study file", "models, tasks, methods and settings")
+    # a model may be given as a bare name: a study without ranking needs no families
+    raw["models"] = [{"model": m} if isinstance(m, str) else m for m in raw.get("models") or []]
+    try:
+        return Study.model_validate(raw)
+    except ValidationError as exc:
+        raise SoftevalError(f"study file {path}: {validation_message(exc)}; fix the study file") from exc
+
+
+def validation_message(exc: ValidationError) -> str:
+    for error in exc.errors():  # a tuning setting written at the top level
+        key = str(error["loc"][0]) if error["type"] == "extra_forbidden" and len(error["loc"]) == 1 else ""
+        if key in TuneConfig.model_fields and key not in STUDY_OWNED:
+            return f"'{key}' is a tuning setting; put it under tuning"
+    return validation_problem(exc, Study)
+
+
