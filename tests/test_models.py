@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from softeval import SoftevalError, load_model
-from softeval.models import cached_models
+from softeval.models import cached_models, checkpoint_step, model_name
 
 
 def test_aliases_reload_from_the_cache(tokenizer_dirs):
@@ -83,3 +85,68 @@ def test_a_model_whose_files_change_before_its_weights_load_is_refused(tmp_path,
     assert str(caught.value) == (f"model '{folder}': its loaded weights differ from its config in config_sha256; "
                                  "were its files changed during the command? Run it again")
     assert not lm.loaded
+
+
+@pytest.fixture
+def hub_cache(tmp_path, tiny_model_dirs, monkeypatch):
+    """A Hugging Face cache holding two commits of a tiny model `org/tiny`, the default branch at
+    the first and the branch `step100` at the second (its config differs), with the hub unreachable."""
+    import json
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache, commits = tmp_path / "hub", {"main": "a" * 40, "step100": "b" * 40}
+    repo = cache / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit in commits.items():
+        snapshot = repo / "snapshots" / commit
+        shutil.copytree(tiny_model_dirs["llama"], snapshot)
+        (repo / "refs" / ref).write_text(commit)
+    config = repo / "snapshots" / commits["step100"] / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"rms_norm_eps": 1e-3}))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("softeval.models.loading.hub_unreachable", lambda: "huggingface.co:443 is not reachable: no route")
+    return commits
+
+
+def test_a_hub_revision_loads_offline_from_the_cache_under_a_name_of_its_own(hub_cache):
+    main, step = load_model("org/tiny", device="cpu"), load_model("org/tiny@step100", device="cpu")
+    assert (main.name, step.name) == ("tiny", "tiny@step100")
+    assert main.identity["commit"] == hub_cache["main"] and "revision" not in main.identity
+    assert (step.identity["revision"], step.identity["commit"]) == ("step100", hub_cache["step100"])
+    assert step.model.config.rms_norm_eps == 1e-3 != main.model.config.rms_norm_eps  # that commit's files
+    assert step.identity["config_sha256"] != main.identity["config_sha256"]
+    by_commit = load_model(f"org/tiny@{hub_cache['step100']}", device="cpu", lazy=True)
+    assert by_commit.identity["commit"] == hub_cache["step100"] and by_commit.name == f"tiny@{hub_cache['step100']}"
+    with pytest.raises(SoftevalError, match=r"cannot load model 'org/tiny@step999' from the hub \(huggingface.co:443 is not reachable"):
+        load_model("org/tiny@step999", device="cpu")
+
+
+def test_a_revision_in_a_study_file_is_the_models_revision(tmp_path):
+    from softeval.study.settings import ModelEntry
+
+    assert ModelEntry(model="EleutherAI/pythia-70m", revision="step3000").model == "EleutherAI/pythia-70m@step3000"
+    with pytest.raises(ValueError, match="give it once"):
+        ModelEntry(model="EleutherAI/pythia-70m@step1", revision="step3000")
+
+
+def test_a_training_run_folder_stands_for_its_checkpoints_in_step_order(tmp_path, tiny_model_dirs):
+    import shutil
+
+    from softeval.study.settings import Study
+
+    run = tmp_path / "run-a"
+    for name in ("checkpoint-100", "checkpoint-20", "step_300"):
+        shutil.copytree(tiny_model_dirs["llama"], run / name)
+    (run / "logs").mkdir()
+    study = Study(models=[{"model": str(run)}], tasks=["arc_easy"], methods=["zero-shot"])
+    assert [Path(e.model).name for e in study.models] == ["checkpoint-20", "checkpoint-100", "step_300"]
+    names = [model_name(e.model) for e in study.models]
+    assert names == ["run-a@checkpoint-20", "run-a@checkpoint-100", "run-a@step_300"]  # never shared with another run's
+    globbed = Study(models=[{"model": str(run / "checkpoint-*")}], tasks=["arc_easy"], methods=["zero-shot"])
+    assert [model_name(e.model) for e in globbed.models] == ["run-a@checkpoint-20", "run-a@checkpoint-100"]
+    assert [checkpoint_step(n) for n in ("stage1-step10000-tokens21B", "iter_0000500", "global_step7", "main")] == [10000, 500, 7, None]
+    with pytest.raises(ValueError, match="holds 3 checkpoints, and a family pairs one base"):
+        Study(models=[{"model": str(run), "family": "a", "role": "base"}, {"model": "x/y", "family": "a", "role": "post-trained"}],
+              tasks=["arc_easy"], methods=["zero-shot"])

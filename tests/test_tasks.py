@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -353,3 +354,18 @@ def test_spec_identity_ignores_settings_left_at_their_default(tmp_path):
     later = WithANewSetting(**plain.model_dump(exclude_defaults=True))
     edited = load_task(write_user_task(tmp_path, ROWS, template="Q: {{ question }}\n{{ options }}\nA:"))
     assert plain.sha256() == later.sha256() != edited.sha256()
+
+
+@pytest.mark.parametrize("name", ["capitals", "science_quiz"])
+def test_the_example_tasks_load_and_every_split_validates(name):
+    """The docs' own examples work as written: the spec loads, every split it names is read and
+    each row validates, and there are rows enough to tune and to give five demonstrations."""
+    from softeval.study import check_before_work
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    spec = load_task(examples / f"{name}.yaml")
+    check_before_work([], [spec], ["zero-shot", "few-shot", "soft-prompt"], k=5, tuning=True, outputs=[], data_dir=None)
+    rows = load_examples(spec, spec.dataset.eval_split)
+    assert rows and all(e.answer for e in rows)
+    if spec.answer_format == "short_answer":
+        assert any(len(e.aliases) > 1 for e in rows)  # the aliases list is read

@@ -14,6 +14,8 @@ EXPORTS = {
     "LoadedModel": "loading",
     "cache_root": "loading",
     "cached_models": "loading",
+    "checkpoint_step": "loading",
+    "expand_checkpoints": "loading",
     "load_model": "loading",
     "model_kind": "loading",
     "model_name": "loading",

@@ -6,10 +6,12 @@ dequantised once into a cache folder of safetensors and reload from there in sec
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -208,11 +210,17 @@ def load_model(
     elif kind == "folder":
         where, source = str(path), {"folder": str(path.resolve())}
     else:
-        where, source = spec, {"hub_id": spec}
+        where, revision = split_revision(spec)
+        source = {"hub_id": where}
+        if revision is not None:
+            kwargs["revision"] = source["revision"] = revision
     # a hub that cannot be reached leaves the Hugging Face cache, read at once instead of retrying
     unreachable = hub_unreachable() if kind == "hub" else None
     reading = lambda: _reading(spec, source, unreachable)  # noqa: E731
     with reading():
+        if kind == "hub":  # the commit the revision (or the default branch) names now
+            source["commit"] = hub_commit(where, kwargs.get("revision"))
+            kwargs["revision"] = source["commit"]  # every file from that one commit
         tokenizer = AutoTokenizer.from_pretrained(where, **_tokenizer_kwargs(kwargs))
 
     def weights() -> torch.nn.Module:
@@ -243,17 +251,37 @@ def load_model(
     return lm
 
 
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """A hub id and the revision after its '@' (a branch, tag or commit: `org/name@step1000`), or
+    None for the default branch. A hub id holds no '@'; a revision may hold '/'."""
+    base, at, revision = spec.partition("@")
+    if at and not revision:
+        raise SoftevalError(f"model '{spec}' names no revision after '@'; give a branch, tag or commit (org/name@main)")
+    return base, (revision if at else None)
+
+
+def hub_commit(hub_id: str, revision: str | None) -> str:
+    """The commit sha a hub model's revision resolves to: asked of the hub where it is reachable,
+    else read from the Hugging Face cache's refs (offline mode), as the model's files are."""
+    from huggingface_hub import hf_hub_download
+
+    # the snapshot folder a file lies in is named by its commit
+    config = hf_hub_download(hub_id, "config.json", revision=revision)
+    return Path(config).parent.name
+
+
 def _skeleton(where: str, kwargs: dict) -> torch.nn.Module:
     """The model's network without its weights (on the meta device), with the generation settings
     `from_pretrained` would give it: what it is can be read off it before the weights load."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    config = AutoConfig.from_pretrained(where, trust_remote_code=kwargs["trust_remote_code"])
+    revision = {"revision": kwargs["revision"]} if kwargs.get("revision") else {}
+    config = AutoConfig.from_pretrained(where, trust_remote_code=kwargs["trust_remote_code"], **revision)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, **kwargs)
+        skeleton = AutoModelForCausalLM.from_config(config, **{k: v for k, v in kwargs.items() if k != "revision"})
     try:
-        skeleton.generation_config = GenerationConfig.from_pretrained(where)
+        skeleton.generation_config = GenerationConfig.from_pretrained(where, **revision)
     except OSError:  # no generation_config.json: the settings its config implies, as from_pretrained keeps
         pass
     return skeleton
@@ -324,6 +352,7 @@ def model_kind(spec: str) -> str:
     if spec.startswith(("/", "./", "../", "~")):
         raise SoftevalError(f"model folder not found: {path}; check the path")
     if "/" in spec and not path.exists():
+        split_revision(spec)  # an '@' names a revision
         return "hub"
     raise SoftevalError(
         f"unknown model '{spec}'; give a local folder, a .gguf file, a hub id (owner/name) "
@@ -331,10 +360,48 @@ def model_kind(spec: str) -> str:
     )
 
 
+# a checkpoint folder's name holds its step: checkpoint-500, step_500, iter_0000500, global_step500,
+# stage1-step10000-tokens21B
+CHECKPOINT_NAME = re.compile(r"(?:^|[-_])(?:checkpoint|global_step|step|iter)[-_]?(\d+)(?=$|[-_])", re.IGNORECASE)
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The training step a checkpoint folder's name holds, or None for a name that holds none."""
+    match = CHECKPOINT_NAME.search(name)
+    return int(match.group(1)) if match else None
+
+
+def expand_checkpoints(spec: str) -> list[str]:
+    """The models a --model value stands for: itself; or, for a training run's folder (no
+    config.json of its own, checkpoint folders inside: checkpoint-N/, step-N/, iter_N/, ...) or
+    a glob of folders, each checkpoint that holds a model, in step order."""
+    if any(c in spec for c in "*?["):
+        folders = [Path(f) for f in glob.glob(os.path.expanduser(spec)) if Path(f, "config.json").is_file()]
+        if not folders:
+            raise SoftevalError(f"no model folder (with a config.json) matches {spec}; check the pattern")
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_dir() or (path / "config.json").exists():
+            return [spec]
+        folders = [c for c in path.iterdir() if checkpoint_step(c.name) is not None and (c / "config.json").is_file()]
+        if not folders:
+            return [spec]  # model_kind says what is missing
+    return [str(f) for f in sorted(folders, key=lambda f: (checkpoint_step(f.name) is None, checkpoint_step(f.name) or 0, f.name))]
+
+
 def model_name(spec: str) -> str:
     """The short name a model's results are filed under: the alias, folder or file name, or the
-    hub id's last part."""
-    return Path(spec).stem if spec.endswith(".gguf") else spec.rstrip("/").split("/")[-1]
+    hub id's last part, with its revision where one is named (`pythia-70m@step3000`; a '/' in a
+    revision becomes '-'), so that the results of two revisions never share a folder."""
+    if spec.endswith(".gguf"):
+        return Path(spec).stem
+    path = Path(spec).expanduser()
+    if "@" in spec and not path.exists():
+        base, revision = split_revision(spec)
+        return f"{base.rstrip('/').split('/')[-1]}@{revision.replace('/', '-')}"
+    if checkpoint_step(path.name) is not None and path.is_dir():  # a training run's checkpoint: run@checkpoint-500
+        return f"{path.resolve().parent.name}@{path.name}"
+    return spec.rstrip("/").split("/")[-1]
 
 
 def model_identity(spec: str, model, source: dict) -> dict:
@@ -408,7 +475,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 
 def _tokenizer_kwargs(model_kwargs: dict) -> dict:
-    return {k: v for k, v in model_kwargs.items() if k in ("gguf_file", "trust_remote_code")}
+    return {k: v for k, v in model_kwargs.items() if k in ("gguf_file", "trust_remote_code", "revision")}
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

@@ -23,18 +23,28 @@ from pydantic import (
 from softeval._io import read_yaml_mapping
 from softeval.analysis import Reference
 from softeval.errors import SoftevalError, validation_problem
-from softeval.models import model_name
+from softeval.models import expand_checkpoints, model_name
 from softeval.tuning import METHODS, TuneConfig
 
 
 class ModelEntry(BaseModel):
     """A model of the study. `role` says whether it is a base or a post-trained model; `family`
-    (with a role) pairs a base model with its post-trained version for the ranking."""
+    (with a role) pairs a base model with its post-trained version for the ranking. `revision` (a
+    branch, tag or commit of a hub model) is the same as `model: org/name@revision`."""
 
     model_config = ConfigDict(extra="forbid")
     model: str
+    revision: str | None = None
     family: str | None = None
     role: Literal["base", "post-trained"] | None = None
+
+    @model_validator(mode="after")
+    def _revision_in_name(self) -> ModelEntry:
+        if self.revision is not None:
+            if "@" in self.model:
+                raise ValueError(f"model '{self.model}' names a revision after '@' and in revision: give it once")
+            self.model, self.revision = f"{self.model}@{self.revision}", None
+        return self
 
 
 class LoraSettings(BaseModel):
@@ -101,6 +111,19 @@ class Study(BaseModel):
         if self.tuning.init_text is not None and self.tuning.init != "text" and not self.sweep:
             raise ValueError("tuning.init_text is read by init: text only; set tuning.init: text (or sweep: true, which tries it) or drop init_text")
         return self
+
+    @field_validator("models")
+    @classmethod
+    def _checkpoints_expand(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        """A training run's folder, or a glob of model folders, stands for each checkpoint in it."""
+        expanded = []
+        for entry in models:
+            specs = expand_checkpoints(entry.model)
+            if len(specs) > 1 and entry.family is not None:
+                raise ValueError(f"'{entry.model}' holds {len(specs)} checkpoints, and a family pairs one base with one post-trained model; "
+                                 "drop the family")
+            expanded += [entry.model_copy(update={"model": spec}) for spec in specs]
+        return expanded
 
     @model_validator(mode="after")
     def _models_pair_up(self) -> Study:

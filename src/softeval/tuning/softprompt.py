@@ -120,7 +120,8 @@ def check_task_made_for(where: str, metadata: dict, spec: TaskSpec, chat: bool) 
 
 
 # Model identity keys that must agree for a prompt to be used (dtype and device may differ).
-MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config_sha256", "gguf_sha256", "folder", "hub_id", "gguf")
+REVISION_KEYS = ("revision", "commit")  # a hub model's: which revision, and the commit it named
+MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config_sha256", "gguf_sha256", "folder", "hub_id", "gguf", "revision", "commit")
 
 
 def model_difference(made_for: dict, model: dict) -> str | None:
