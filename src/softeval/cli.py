@@ -315,6 +315,27 @@ def rank_command(
     show_ranking(folder, reference)
 
 
+@app.command("analyze")
+def analyze_command(
+    folder: Annotated[Path, typer.Argument(help="An output folder of a study that declares series (pre-training recipes).")],
+    target_method: Annotated[str, typer.Option(help="Method of the target: each recipe's last checkpoint's score.")] = "soft-prompt",
+    target_metric: Annotated[str, typer.Option(help="Metric of the target, and of the scores ordered against it.")] = "task_accuracy",
+    threshold: Annotated[float, typer.Option(min=0, max=1, help="Decision accuracy a method must keep from its earliest decision on.")] = 0.8,
+) -> None:
+    """Which pre-training recipe is better, and from how many tokens each method can tell."""
+    if target_method not in METHODS:
+        raise SoftevalError(f"--target-method: unknown method '{target_method}'; choose one of: {', '.join(METHODS)}")
+    if target_metric not in ("task_accuracy", "knowledge", "format_following"):
+        raise SoftevalError(f"--target-metric: '{target_metric}' is no curve metric; choose task_accuracy, knowledge or format_following")
+    if not folder.is_dir():
+        raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval study")
+    from softeval.reports import analyze
+
+    analysis = analyze(folder, target_method=target_method, target_metric=target_metric, threshold=threshold)
+    stdout.print((folder / "analysis.md").read_text(encoding="utf-8"), highlight=False, markup=False)
+    stdout.print(f"wrote {folder / 'analysis.json'} ({len(analysis['tasks'])} tasks)", highlight=False)
+
+
 @app.command("report")
 def report_command(folder: Annotated[Path, typer.Argument(help="An output folder of softeval eval, run or study.")]) -> None:
     """Write FOLDER/index.html (and the comparison) from the results on disk."""

@@ -21,6 +21,8 @@ EXPORTS = {
     "MIN_FAMILIES": "ranking",
     "families": "ranking",
     "ranking_analysis": "ranking",
+    # series
+    "series_analysis": "series",
     # settings
     "Reference": "settings",
 }

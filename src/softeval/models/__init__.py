@@ -15,6 +15,7 @@ EXPORTS = {
     "cache_root": "loading",
     "cached_models": "loading",
     "checkpoint_step": "loading",
+    "checkpoint_tokens": "loading",
     "expand_checkpoints": "loading",
     "load_model": "loading",
     "model_kind": "loading",

@@ -371,6 +371,16 @@ def checkpoint_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_TOKENS = re.compile(r"tokens?[-_]?(\d+(?:\.\d+)?)([KMBT])(?![A-Za-z])", re.IGNORECASE)
+_TOKEN_UNITS = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def checkpoint_tokens(name: str) -> float | None:
+    """The tokens a checkpoint's name says it was trained on (`stage1-step10000-tokens21B`), or None."""
+    match = _TOKENS.search(name)
+    return float(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()] if match else None
+
+
 def expand_checkpoints(spec: str) -> list[str]:
     """The models a --model value stands for: itself; or, for a training run's folder (no
     config.json of its own, checkpoint folders inside: checkpoint-N/, step-N/, iter_N/, ...) or

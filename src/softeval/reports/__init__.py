@@ -5,6 +5,9 @@ report page, each from the folder's finished cells and their analysis.
 from softeval._lazy import lazy_exports
 
 EXPORTS = {
+    # series
+    "analyze": "series",
+    "update_analysis": "series",
     # comparison
     "metrics_table": "comparison",
     "write_comparison": "comparison",

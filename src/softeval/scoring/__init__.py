@@ -20,6 +20,7 @@ EXPORTS = {
     # results
     "EvalResult": "results",
     "MODELS_FILE": "results",
+    "SERIES_FILE": "results",
     # run
     "package_versions": "run",
     "parsers_version": "run",

@@ -15,6 +15,7 @@ from softeval._io import write_json_atomic, write_jsonl_atomic
 from softeval.scoring.metrics import Diagnostics, Metric, Sample
 
 MODELS_FILE = "models.json"  # family and role (base, post-trained) of each model of the folder
+SERIES_FILE = "series.json"  # each pre-training recipe's checkpoints: model name, step, tokens
 
 
 @dataclass

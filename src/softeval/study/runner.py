@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_name
-from softeval.scoring import MODELS_FILE
+from softeval.scoring import MODELS_FILE, SERIES_FILE
 from softeval.study.folders import CellReport, check_cell_folders
 from softeval.study.preflight import check_before_work
 from softeval.study.settings import ModelEntry, Study
@@ -72,7 +72,7 @@ def run_study(
     check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
                       limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
     check_cell_folders(output, study, specs)
-    from softeval.reports import update_ranking, write_comparison, write_page
+    from softeval.reports import update_analysis, update_ranking, write_comparison, write_page
     from softeval.study.cells import run_unit
     from softeval.tuning import load_soft_prompt
 
@@ -104,7 +104,9 @@ def run_study(
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
         record_models(output, study.models)
+        record_series(output, study)
         update_ranking(output, study.reference)
+        update_analysis(output)
         write_comparison(output)  # its findings read the ranking
         write_page(output)
     failed = [r for r in reports if r.status == "failed"]
@@ -154,6 +156,18 @@ def _distinct_tasks(specs: list[TaskSpec]) -> list[TaskSpec]:
         if (first.source_file, first.sha256()) != (spec.source_file, spec.sha256()):
             raise SoftevalError(f"two tasks are named '{spec.name}' ({first.source_file or spec.name} and {spec.source_file or spec.name}); give each task its own name")
     return list(seen.values())
+
+
+def record_series(output: Path, study: Study) -> None:
+    """Add the study's series (each recipe's checkpoints, with their steps and tokens) to
+    OUTPUT/series.json, keeping those of earlier commands: `softeval analyze` reads it."""
+    if not study.series:
+        return
+    path = output / SERIES_FILE
+    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    for series in study.series:
+        known[series.name] = series.points()
+    write_json_atomic(path, known)
 
 
 def record_models(output: Path, models: list[ModelEntry]) -> None:

@@ -23,7 +23,7 @@ from pydantic import (
 from softeval._io import read_yaml_mapping
 from softeval.analysis import Reference
 from softeval.errors import SoftevalError, validation_problem
-from softeval.models import expand_checkpoints, model_name
+from softeval.models import checkpoint_step, checkpoint_tokens, expand_checkpoints, model_name
 from softeval.tuning import METHODS, TuneConfig
 
 
@@ -47,6 +47,45 @@ class ModelEntry(BaseModel):
         return self
 
 
+class SeriesEntry(BaseModel):
+    """A pre-training recipe: the checkpoints of one training run, compared with other recipes by
+    `softeval analyze`. The checkpoints are a hub model's `revisions`, or `checkpoints`: a training
+    run's folder, a glob of model folders, or a list of folders and hub ids. A checkpoint's step is
+    read from its name (`checkpoint-500`, `step1000`, `stage1-step10000-tokens21B`), its tokens
+    from its name where it holds them, else as `tokens_per_step` times its step."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str | None = None
+    revisions: list[str] | None = None
+    checkpoints: str | list[str] | None = None
+    tokens_per_step: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SeriesEntry:
+        if (self.model is None) == (self.checkpoints is None) or (self.model is None) != (self.revisions is None):
+            raise ValueError(f"series '{self.name}' needs either model and revisions, or checkpoints")
+        return self
+
+    def specs(self) -> list[str]:
+        """The checkpoints as --model values, in training order."""
+        if self.model is not None:
+            return [f"{self.model}@{revision}" for revision in self.revisions]
+        given = [self.checkpoints] if isinstance(self.checkpoints, str) else self.checkpoints
+        return [spec for item in given for spec in expand_checkpoints(item)]
+
+    def points(self) -> list[dict]:
+        """Each checkpoint's model name, step and tokens (None where neither tells)."""
+        found = []
+        for spec in self.specs():
+            label = spec.split("@", 1)[1] if "@" in spec and not Path(spec).exists() else Path(spec).name
+            step, tokens = checkpoint_step(label), checkpoint_tokens(label)
+            if tokens is None and step is not None and self.tokens_per_step:
+                tokens = step * self.tokens_per_step
+            found.append({"model": model_name(spec), "spec": spec, "step": step, "tokens": tokens})
+        return found
+
+
 class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rank: int = Field(8, gt=0)
@@ -66,7 +105,8 @@ class Study(BaseModel):
     """A grid of cells and every setting its results depend on; a study file holds one."""
 
     model_config = ConfigDict(extra="forbid")
-    models: list[ModelEntry] = Field(min_length=1)
+    models: list[ModelEntry] = []
+    series: list[SeriesEntry] = []  # pre-training recipes: their checkpoints join the models as base models
     tasks: list[str] = Field(min_length=1)
     methods: list[str] = Field(["zero-shot", "few-shot", "soft-prompt"], min_length=1)
     chat: bool = False  # also run post-trained models with their chat template
@@ -124,6 +164,17 @@ class Study(BaseModel):
                                  "drop the family")
             expanded += [entry.model_copy(update={"model": spec}) for spec in specs]
         return expanded
+
+    @model_validator(mode="after")
+    def _series_checkpoints_are_models(self) -> Study:
+        listed = {entry.model for entry in self.models}
+        for series in self.series:
+            self.models += [ModelEntry(model=spec, role="base") for spec in series.specs() if spec not in listed]
+        if len({series.name for series in self.series}) < len(self.series):
+            raise ValueError("two series share a name; give each recipe its own")
+        if not self.models:
+            raise ValueError("models: give at least one model (or a series of checkpoints)")
+        return self
 
     @model_validator(mode="after")
     def _models_pair_up(self) -> Study:

@@ -1,0 +1,228 @@
+"""Checkpoint series: which pre-training recipe is better, and from how many tokens can one tell?
+
+A recipe is a series of checkpoints of one training run, each evaluated like any model. At a
+token budget, each recipe is scored by its latest checkpoint within the budget. Decision accuracy
+(DataDecide's definition) is the share of recipe pairs that those scores order as a target orders
+them: the mean over pairs i < j of [s_i > s_j] == [t_i > t_j]. Its interval resamples benchmark
+rows, the same draw for every recipe, checkpoint and the target (see `stats.py`). The earliest
+budget a method decides from is the first from which its decision accuracy stays at or above a
+threshold. Per recipe, the series' noise is the spread (standard deviation) of its last
+checkpoints' scores, its monotonicity the Kendall tau of score against step, and a checkpoint is
+an outlier when its neighbours' trend, interpolated at its tokens, lies outside its own interval.
+
+Inputs are outcome tables: for a recipe, `(checkpoints, rows)` of 0/1 outcomes of one method and
+metric on the rows every cell evaluated; the target is `(recipes, rows)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+from scipy.stats import kendalltau
+
+from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
+from softeval.analysis.stats import CONFIDENCE, Estimate, paired_difference
+from softeval.errors import SoftevalError
+from softeval.scoring import SERIES_FILE
+from softeval.tuning import METHODS
+
+NOISE_CHECKPOINTS = 3  # a series' noise: the spread of its last this many checkpoints
+DECISION_THRESHOLD = 0.8  # a method decides from the budget its decision accuracy stays at or above this
+
+
+class Budget(BaseModel):
+    """A token (or step) budget: each recipe's checkpoint within it, and how well the scores there
+    order the recipes as the target does."""
+
+    budget: float
+    checkpoints: list[int]  # per recipe, the index of its latest checkpoint within the budget
+    decision_accuracy: Estimate
+
+
+class RecipeNoise(BaseModel):
+    noise: float | None  # standard deviation of the last NOISE_CHECKPOINTS scores
+    monotonicity: float | None  # Kendall tau of score against checkpoint order
+    outliers: list[int]  # indices of checkpoints that break their neighbours' trend
+
+
+def decision_accuracy(scores: Sequence[float], target: Sequence[float]) -> float | None:
+    """The share of recipe pairs i < j with [s_i > s_j] == [t_i > t_j]; None for fewer than two recipes."""
+    pairs = list(combinations(range(len(scores)), 2))
+    if not pairs:
+        return None
+    return sum((scores[i] > scores[j]) == (target[i] > target[j]) for i, j in pairs) / len(pairs)
+
+
+def budgets(tokens: Sequence[Sequence[float]]) -> list[tuple[float, list[int]]]:
+    """Every budget at which each recipe has a checkpoint: the recipes' checkpoint token counts, in
+    order, each with the index of every recipe's latest checkpoint within it."""
+    found = []
+    for budget in sorted({t for series in tokens for t in series}):
+        latest = [max((k for k, t in enumerate(series) if t <= budget), default=None) for series in tokens]
+        if None not in latest:
+            found.append((budget, latest))
+    return found
+
+
+def decisions(
+    outcomes: Sequence[np.ndarray], tokens: Sequence[Sequence[float]], target: np.ndarray, *, n_resamples: int = 1000, seed: int = 0
+) -> list[Budget]:
+    """Decision accuracy at every budget, with its interval. `outcomes[r]` is recipe r's
+    (checkpoints, rows) table; `target` the (recipes, rows) table the order should match."""
+    rng = np.random.default_rng(seed)
+    n_rows = target.shape[1]
+    draws = rng.integers(0, n_rows, size=(n_resamples, n_rows))
+    target_means, target_boot = target.mean(axis=1), target[:, draws].mean(axis=2)  # (recipes,), (recipes, resamples)
+    result = []
+    for budget, latest in budgets(tokens):
+        chosen = np.stack([outcomes[r][k] for r, k in enumerate(latest)])  # (recipes, rows)
+        value = decision_accuracy(chosen.mean(axis=1), target_means)
+        boot = chosen[:, draws].mean(axis=2)
+        resampled = np.array([decision_accuracy(boot[:, b], target_boot[:, b]) for b in range(n_resamples)], dtype=float)
+        result.append(Budget(budget=budget, checkpoints=latest, decision_accuracy=_interval(value, resampled)))
+    return result
+
+
+def earliest_decision(found: Sequence[Budget], threshold: float = DECISION_THRESHOLD) -> float | None:
+    """The first budget from which decision accuracy stays at or above `threshold`; None if the
+    last budget is below it."""
+    earliest = None
+    for budget in reversed(found):
+        value = budget.decision_accuracy.value
+        if value is None or value < threshold:
+            break
+        earliest = budget.budget
+    return earliest
+
+
+def recipe_noise(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: int = 1000, seed: int = 0) -> RecipeNoise:
+    """A recipe's noise, monotonicity and outlier checkpoints, from its (checkpoints, rows) table."""
+    scores = outcomes.mean(axis=1)
+    last = scores[-NOISE_CHECKPOINTS:]
+    noise = float(np.std(last, ddof=1)) if len(last) >= 2 else None
+    monotonicity = None
+    if len(scores) >= 2 and np.ptp(scores) > 0:
+        monotonicity = float(kendalltau(np.arange(len(scores)), scores).statistic)
+    return RecipeNoise(noise=noise, monotonicity=monotonicity, outliers=outliers(outcomes, tokens, n_resamples=n_resamples, seed=seed))
+
+
+def outliers(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: int = 1000, seed: int = 0) -> list[int]:
+    """Checkpoints (not the first or last) whose 95% interval excludes the line through their
+    neighbours' scores at their tokens: a score its neighbours' trend does not explain, as a
+    wrongly uploaded checkpoint's. An outlier would make its neighbours look like outliers too,
+    so the worst one is flagged and left out of its neighbours' trend, and so on."""
+    rng = np.random.default_rng(seed)
+    scores = outcomes.mean(axis=1)
+    draws = rng.integers(0, outcomes.shape[1], size=(n_resamples, outcomes.shape[1]))
+    low, high = np.quantile(outcomes[:, draws].mean(axis=2), [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], axis=1)
+    kept, found = list(range(len(scores))), []
+    while True:
+        worst, worst_miss = None, 0.0
+        for before, k, after in zip(kept, kept[1:], kept[2:]):
+            share = (tokens[k] - tokens[before]) / (tokens[after] - tokens[before]) if tokens[after] != tokens[before] else 0.5
+            expected = scores[before] + share * (scores[after] - scores[before])
+            miss = max(low[k] - expected, expected - high[k])  # how far outside the interval the trend lies
+            if miss > worst_miss:
+                worst, worst_miss = k, miss
+        if worst is None:
+            return sorted(found)
+        found.append(worst)
+        kept.remove(worst)
+
+
+def signal_to_noise(final_scores: Sequence[float], noises: Sequence[float | None]) -> float | None:
+    """The spread of the recipes' final scores (largest minus smallest) over their mean noise."""
+    known = [n for n in noises if n is not None]
+    if len(final_scores) < 2 or not known or np.mean(known) == 0:
+        return None
+    return float((max(final_scores) - min(final_scores)) / np.mean(known))
+
+
+def _interval(value: float | None, resampled: np.ndarray) -> Estimate:
+    defined = resampled[~np.isnan(resampled)]
+    if value is None or not len(defined):
+        return Estimate(value=value, ci_low=None, ci_high=None)
+    # bounds are values some resample had (no interpolation between two)
+    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
+    return Estimate(value=value, ci_low=float(low), ci_high=float(high))
+
+
+# --- a folder's series ------------------------------------------------------------------------------
+
+CURVE_METRICS = {"task_accuracy": "task_correct", "knowledge": "knowledge_correct", "format_following": "format_ok"}
+
+
+def series_analysis(
+    folder: Path, *, target_method: str = "soft-prompt", target_metric: str = "task_accuracy", threshold: float = DECISION_THRESHOLD,
+    n_resamples: int = 1000, seed: int = 0,
+) -> dict:
+    """Every analysis of the recipes in OUTPUT/series.json, per task, over the folder's finished
+    cells (plain mode; the methods every checkpoint of every recipe has): each recipe's curves,
+    decision accuracy per method and budget against the target (by default each recipe's last
+    checkpoint's soft-prompt task accuracy), the earliest decision per method, each recipe's
+    noise, monotonicity and outliers, and the format gap per checkpoint."""
+    folder = Path(folder)
+    path = folder / SERIES_FILE
+    if not path.is_file():
+        raise SoftevalError(f"{path} not found; run a study that declares series: (pre-training recipes) into {folder} first")
+    series = json.loads(path.read_text(encoding="utf-8"))
+    if len(series) < 2:
+        raise SoftevalError(f"{path} holds {len(series)} series; comparing recipes needs at least 2")
+    cells = {cell_key(r): r for r in finished_cells(folder)}
+    analysis = {"target": {"method": target_method, "metric": target_metric}, "threshold": threshold, "series": series, "tasks": {}}
+    for task in sorted({key[1] for key in cells}):
+        found = _task_analysis(series, cells, task, target_method, target_metric, threshold, n_resamples, seed)
+        if found is not None:
+            analysis["tasks"][task] = found
+    if not analysis["tasks"]:
+        raise SoftevalError(f"no task in {folder} has the {target_method} cells of every checkpoint of every series; run the study's cells first")
+    return analysis
+
+
+def _task_analysis(series: dict, cells: dict, task: str, target_method: str, target_metric: str, threshold: float, n_resamples: int, seed: int):
+    has = lambda method: all((p["model"], task, method, False) in cells for points in series.values() for p in points)  # noqa: E731
+    methods = [m for m in METHODS if has(m)]
+    if target_method not in methods:
+        return None
+    rows = common_rows([cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods])
+    names = list(series)
+    axis = "tokens" if all(p["tokens"] is not None for points in series.values() for p in points) else "step"
+    if axis == "step" and any(p["step"] is None for points in series.values() for p in points):
+        axis = "checkpoint"
+    x = [[p["tokens"] if axis == "tokens" else p["step"] if axis == "step" else k for k, p in enumerate(series[n])] for n in names]
+
+    def table(name: str, method: str, metric: str) -> np.ndarray:
+        return outcome_table([cells[(p["model"], task, method, False)] for p in series[name]], rows, CURVE_METRICS[metric])
+
+    target = np.stack([table(n, target_method, target_metric)[-1] for n in names])
+    found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "format_gap": {}}
+    for method in methods:
+        found["curves"][method] = {metric: {n: _curve(table(n, method, metric), n_resamples, seed) for n in names} for metric in CURVE_METRICS}
+        scored = [table(n, method, target_metric) for n in names]
+        budgets_found = decisions(scored, x, target, n_resamples=n_resamples, seed=seed)
+        found["decisions"][method] = [b.model_dump() for b in budgets_found]
+        found["earliest"][method] = earliest_decision(budgets_found, threshold)
+        noises = {n: recipe_noise(t, xs, n_resamples=n_resamples, seed=seed) for n, t, xs in zip(names, scored, x)}
+        found["recipes"][method] = {n: r.model_dump() for n, r in noises.items()}
+        found["recipes"][method]["signal_to_noise"] = signal_to_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
+    for other in ("zero-shot", "few-shot"):
+        if "soft-prompt" in methods and other in methods:
+            found["format_gap"][other] = {
+                n: [paired_difference(a, b, n_resamples=n_resamples, seed=seed).model_dump()
+                    for a, b in zip(table(n, "soft-prompt", "task_accuracy"), table(n, other, "task_accuracy"))]
+                for n in names
+            }
+    return found
+
+
+def _curve(table: np.ndarray, n_resamples: int, seed: int) -> list[dict]:
+    """Each checkpoint's score with its 95% interval (rows resampled)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, table.shape[1], size=(n_resamples, table.shape[1]))
+    boot = table[:, draws].mean(axis=2)
+    return [_interval(float(table[k].mean()), boot[k]).model_dump() for k in range(len(table))]

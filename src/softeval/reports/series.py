@@ -1,0 +1,115 @@
+"""A folder's series analysis as files: OUTPUT/analysis.json (everything `series_analysis`
+computes), analysis.md (decision accuracy per method and budget, the earliest decision, each
+recipe's noise, monotonicity and outlier checkpoints, the format gap) and a chart per task of each
+recipe's score against tokens (or steps) with its 95% interval."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from softeval._io import write_json_atomic, write_text_atomic
+from softeval.analysis import series_analysis
+from softeval.errors import SoftevalError
+from softeval.scoring import SERIES_FILE
+
+log = logging.getLogger("softeval")
+
+
+def analyze(folder: Path, **settings) -> dict:
+    """Analyse the folder's series and write analysis.json, analysis.md and the charts."""
+    folder = Path(folder)
+    analysis = series_analysis(folder, **settings)
+    for task, found in analysis["tasks"].items():
+        _plot(found, task, folder / f"analysis_{task}.png")
+    write_json_atomic(folder / "analysis.json", analysis)
+    write_text_atomic(folder / "analysis.md", analysis_markdown(analysis))
+    return analysis
+
+
+def update_analysis(folder: Path) -> dict | None:
+    """Redo the series analysis of a folder that holds series, as every command into it does."""
+    if not (Path(folder) / SERIES_FILE).is_file():
+        return None
+    try:
+        return analyze(folder)
+    except SoftevalError as exc:  # cells still missing: no analysis rather than an outdated one
+        log.info("no series analysis yet: %s", exc)
+        return None
+
+
+def _estimate(e: dict | None) -> str:
+    if not e or e.get("value") is None:
+        return "n/a"
+    interval = f" [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e.get("ci_low") is not None else ""
+    return f"{e['value']:.2f}{interval}"
+
+
+def _budget(value: float | None, axis: str) -> str:
+    if value is None:
+        return "never"
+    return f"{value / 1e9:g}B tokens" if axis == "tokens" else f"{axis} {value:g}"
+
+
+def analysis_markdown(analysis: dict) -> str:
+    target = analysis["target"]
+    lines = [
+        "# softeval series analysis",
+        "",
+        f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: each recipe's last "
+        f"checkpoint's {target['method']} {target['metric']}. Decision accuracy: the share of recipe pairs a budget's scores "
+        f"order as the target does (95% intervals resample benchmark rows); a method decides from the first budget from which "
+        f"it stays at or above {analysis['threshold']:g}.",
+    ]
+    for task, found in analysis["tasks"].items():
+        axis = found["axis"]
+        methods = list(found["decisions"])
+        lines += ["", f"## {task} ({found['rows']} rows)", "", "| budget | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        budgets = [b["budget"] for b in found["decisions"][methods[0]]]
+        for k, budget in enumerate(budgets):
+            cells = [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods]
+            lines.append(f"| {_budget(budget, axis)} | " + " | ".join(cells) + " |")
+        lines.append("| **decides from** | " + " | ".join(_budget(found["earliest"][m], axis) for m in methods) + " |")
+        lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
+        for method, recipes in found["recipes"].items():
+            for name, r in recipes.items():
+                if name == "signal_to_noise":
+                    continue
+                flagged = ", ".join(analysis["series"][name][k]["model"] for k in r["outliers"]) or "-"
+                noise = "n/a" if r["noise"] is None else f"{r['noise']:.3f}"
+                mono = "n/a" if r["monotonicity"] is None else f"{r['monotonicity']:+.2f}"
+                lines.append(f"| {method} | {name} | {noise} | {mono} | {flagged} |")
+        snr = {m: r["signal_to_noise"] for m, r in found["recipes"].items()}
+        lines += ["", "Signal to noise (spread of final scores over mean noise): "
+                  + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."]
+        for other, gaps in found["format_gap"].items():
+            lines += ["", f"Format gap, soft-prompt minus {other} task accuracy per checkpoint:", ""]
+            for name, per_checkpoint in gaps.items():
+                lines.append(f"* {name}: " + ", ".join(_estimate(g) for g in per_checkpoint))
+    return "\n".join(lines) + "\n"
+
+
+def _plot(found: dict, task: str, path: Path) -> None:
+    """Each recipe's score against the budget axis, one panel per method (the target metric), with 95% bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(found["curves"])
+    fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.2), sharey=True, squeeze=False)
+    try:
+        for ax, method in zip(axes[0], methods):
+            for name, curve in found["curves"][method]["task_accuracy"].items():
+                xs = found["x"][name]
+                ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
+                ax.fill_between(xs, [c["ci_low"] or c["value"] for c in curve], [c["ci_high"] or c["value"] for c in curve], alpha=0.2)
+            ax.set_title(method)
+            ax.set_xlabel(found["axis"])
+        axes[0][0].set_ylabel(f"{task} task accuracy")
+        axes[0][0].legend()
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=90)
+    finally:
+        plt.close(fig)
