@@ -113,3 +113,14 @@ def test_a_study_of_two_recipes_is_analysed_end_to_end(tmp_path, tokenizer_dirs)
     assert [b["decision_accuracy"]["value"] for b in found["decisions"]["soft-prompt"]] == expected
     assert [b["budget"] for b in found["decisions"]["soft-prompt"]] == [1e8, 2e8, 3e8]
     assert "| **decides from** |" in result.output and (out / "analysis_capitals.png").is_file()
+
+
+def test_the_example_series_study_loads():
+    from pathlib import Path
+
+    from softeval.study import load_study
+
+    study = load_study(Path(__file__).resolve().parents[1] / "examples" / "pythia-series.yaml")
+    assert len(study.series) == 4 and len(study.models) == 32
+    assert study.series[0].points()[-1] == {"model": "pythia-70m@step143000", "spec": "EleutherAI/pythia-70m@step143000",
+                                            "step": 143000, "tokens": 143000 * 2097152}
