@@ -26,6 +26,10 @@ def outcomes(*accuracies: float, seed: int = 0) -> np.ndarray:
         ([0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1], 0.0),
         ([0.1, 0.2, 0.3, 0.4], [0.1, 0.3, 0.2, 0.4], 5 / 6),
         ([0.7], [0.1], None),  # one recipe: no pair
+        ([0.5, 0.5], [0.6, 0.4], 0.5),  # a tie in the scores counts half, whichever recipe comes first
+        ([0.5, 0.5], [0.4, 0.6], 0.5),
+        ([0.3, 0.2, 0.4], [0.2, 0.2, 0.5], 1.0),  # the pair the target ties is left out
+        ([0.3, 0.5], [0.4, 0.4], None),
     ],
 )
 def test_decision_accuracy_is_the_share_of_pairs_ordered_as_the_target(scores, target, expected):
@@ -58,6 +62,11 @@ def test_noise_monotonicity_and_an_outlier_checkpoint():
     assert broken.outliers == [2]
     unevenly = recipe_noise(outcomes(0.30, 0.32, 0.70), [1, 2, 10])  # on the line through its neighbours, by tokens
     assert unevenly.outliers == []
+    saturating = recipe_noise(outcomes(0.30, 0.40, 0.48, 0.53, 0.56, 0.58), [1, 2, 4, 8, 16, 32])  # doubling steps
+    assert saturating.outliers == []
+    flat = [recipe_noise(np.stack([np.random.default_rng(seed + k).random(ROWS) < 0.5 for k in range(6)]).astype(float), [1, 2, 3, 4, 5, 6],
+                         n_resamples=300).outliers for seed in range(0, 200, 10)]
+    assert sum(map(bool, flat)) <= 2  # noise alone: rarely an outlier (at most 5% of series, by the correction)
     assert signal_to_noise([0.6, 0.7], [0.05, 0.15]) == pytest.approx(1.0)
     assert signal_to_noise([0.6], [0.1]) is None
 

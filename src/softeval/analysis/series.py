@@ -51,11 +51,18 @@ class RecipeNoise(BaseModel):
 
 
 def decision_accuracy(scores: Sequence[float], target: Sequence[float]) -> float | None:
-    """The share of recipe pairs i < j with [s_i > s_j] == [t_i > t_j]; None for fewer than two recipes."""
-    pairs = list(combinations(range(len(scores)), 2))
-    if not pairs:
-        return None
-    return sum((scores[i] > scores[j]) == (target[i] > target[j]) for i, j in pairs) / len(pairs)
+    """The share of recipe pairs i < j that the scores order as the target does, [s_i > s_j] ==
+    [t_i > t_j]. Ties would make that depend on which recipe is named first, so a pair the
+    target ties is left out, and a pair the scores tie counts half (a coin would order it); None
+    where no pair is left."""
+    agreements = []
+    for i, j in combinations(range(len(scores)), 2):
+        wanted = np.sign(target[i] - target[j])
+        if wanted == 0:
+            continue
+        given = np.sign(scores[i] - scores[j])
+        agreements.append(0.5 if given == 0 else float(given == wanted))
+    return sum(agreements) / len(agreements) if agreements else None
 
 
 def budgets(tokens: Sequence[Sequence[float]]) -> list[tuple[float, list[int]]]:
@@ -112,23 +119,30 @@ def recipe_noise(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: 
 
 
 def outliers(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: int = 1000, seed: int = 0) -> list[int]:
-    """Checkpoints (not the first or last) whose 95% interval excludes the line through their
-    neighbours' scores at their tokens: a score its neighbours' trend does not explain, as a
-    wrongly uploaded checkpoint's. An outlier would make its neighbours look like outliers too,
-    so the worst one is flagged and left out of its neighbours' trend, and so on."""
+    """Checkpoints (not the first or last) that spike above or dip below both neighbours by more
+    than the rows' noise allows: the difference between a checkpoint's score and the line through
+    its neighbours' (in log tokens where all are positive: checkpoints are often spaced by
+    doubling) has a bootstrap interval, the same row draws for all three, that excludes 0 at a
+    level corrected for the number of checkpoints tested (Bonferroni). A wrongly uploaded
+    checkpoint shows so. An outlier would make its neighbours look like outliers too, so the
+    worst one is flagged and left out of its neighbours' trend, and so on."""
     rng = np.random.default_rng(seed)
     scores = outcomes.mean(axis=1)
     draws = rng.integers(0, outcomes.shape[1], size=(n_resamples, outcomes.shape[1]))
-    low, high = np.quantile(outcomes[:, draws].mean(axis=2), [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], axis=1)
+    boot = outcomes[:, draws].mean(axis=2)  # (checkpoints, resamples)
+    where = np.log(np.asarray(tokens, dtype=float)) if all(t > 0 for t in tokens) else np.asarray(tokens, dtype=float)
+    alpha = (1 - CONFIDENCE) / max(1, len(scores) - 2)
     kept, found = list(range(len(scores))), []
     while True:
-        worst, worst_miss = None, 0.0
+        worst, worst_size = None, 0.0
         for before, k, after in zip(kept, kept[1:], kept[2:]):
-            share = (tokens[k] - tokens[before]) / (tokens[after] - tokens[before]) if tokens[after] != tokens[before] else 0.5
-            expected = scores[before] + share * (scores[after] - scores[before])
-            miss = max(low[k] - expected, expected - high[k])  # how far outside the interval the trend lies
-            if miss > worst_miss:
-                worst, worst_miss = k, miss
+            spike = np.sign(scores[k] - scores[before]) == np.sign(scores[k] - scores[after]) != 0
+            share = (where[k] - where[before]) / (where[after] - where[before]) if where[after] != where[before] else 0.5
+            gap = boot[k] - (boot[before] + share * (boot[after] - boot[before]))
+            low, high = np.quantile(gap, [alpha / 2, 1 - alpha / 2])
+            size = abs(float(gap.mean())) / (float(gap.std()) or 1.0)
+            if spike and (low > 0 or high < 0) and size > worst_size:
+                worst, worst_size = k, size
         if worst is None:
             return sorted(found)
         found.append(worst)
@@ -190,6 +204,8 @@ def _task_analysis(series: dict, cells: dict, task: str, target_method: str, tar
     if target_method not in methods:
         return None
     rows = common_rows([cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods])
+    if len(rows) < 2:
+        return None  # no rows every checkpoint evaluated: nothing to compare
     names = list(series)
     axis = "tokens" if all(p["tokens"] is not None for points in series.values() for p in points) else "step"
     if axis == "step" and any(p["step"] is None for points in series.values() for p in points):

@@ -405,12 +405,14 @@ def model_name(spec: str) -> str:
     revision becomes '-'), so that the results of two revisions never share a folder."""
     if spec.endswith(".gguf"):
         return Path(spec).stem
-    path = Path(spec).expanduser()
-    if "@" in spec and not path.exists():
+    path = Path(spec.rstrip("/"))
+    if "@" in spec and not path.expanduser().exists():
         base, revision = split_revision(spec)
         return f"{base.rstrip('/').split('/')[-1]}@{revision.replace('/', '-')}"
-    if checkpoint_step(path.name) is not None and path.is_dir():  # a training run's checkpoint: run@checkpoint-500
-        return f"{path.resolve().parent.name}@{path.name}"
+    # a training run's checkpoint, named from the path as written (a finished checkpoint's folder
+    # may since have been deleted): run@checkpoint-500
+    if checkpoint_step(path.name) is not None and path.parent.name not in ("", ".", ".."):
+        return f"{path.parent.name}@{path.name}"
     return spec.rstrip("/").split("/")[-1]
 
 

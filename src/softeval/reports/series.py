@@ -35,7 +35,11 @@ def update_analysis(folder: Path) -> dict | None:
         return analyze(folder)
     except SoftevalError as exc:  # cells still missing: no analysis rather than an outdated one
         log.info("no series analysis yet: %s", exc)
-        return None
+    except Exception as exc:  # noqa: BLE001 - the study's cells are done: an analysis never fails them
+        log.warning("the series analysis failed (%s: %s); run softeval --debug analyze %s to see why", type(exc).__name__, exc, folder)
+    for name in ("analysis.json", "analysis.md"):
+        (Path(folder) / name).unlink(missing_ok=True)
+    return None
 
 
 def _estimate(e: dict | None) -> str:
@@ -59,7 +63,8 @@ def analysis_markdown(analysis: dict) -> str:
         f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: each recipe's last "
         f"checkpoint's {target['method']} {target['metric']}. Decision accuracy: the share of recipe pairs a budget's scores "
         f"order as the target does (95% intervals resample benchmark rows); a method decides from the first budget from which "
-        f"it stays at or above {analysis['threshold']:g}.",
+        f"it stays at or above {analysis['threshold']:g}. The target's own method orders the last budget perfectly by "
+        "construction: compare methods on the budgets before it.",
     ]
     for task, found in analysis["tasks"].items():
         axis = found["axis"]
@@ -103,7 +108,11 @@ def _plot(found: dict, task: str, path: Path) -> None:
             for name, curve in found["curves"][method]["task_accuracy"].items():
                 xs = found["x"][name]
                 ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
-                ax.fill_between(xs, [c["ci_low"] or c["value"] for c in curve], [c["ci_high"] or c["value"] for c in curve], alpha=0.2)
+                low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
+                high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
+                ax.fill_between(xs, low, high, alpha=0.2)
+            if found["axis"] == "tokens":
+                ax.set_xscale("log")  # checkpoints are often spaced by doubling
             ax.set_title(method)
             ax.set_xlabel(found["axis"])
         axes[0][0].set_ylabel(f"{task} task accuracy")

@@ -18,7 +18,7 @@ from softeval.models import LoadedModel
 from softeval.progress import progress_bars
 from softeval.scoring import EvalResult, package_versions, parsers_version, run_examples, score_sample, scores
 from softeval.tasks import PromptBuilder, TaskSpec, choose_demos, data_identity, load_examples, with_answer_words
-from softeval.tuning import METHODS, MODEL_KEYS, REVISION_KEYS, Adapter, Method, SoftPrompt, check_made_for, lora_applied
+from softeval.tuning import METHODS, identity_keys, Adapter, Method, SoftPrompt, check_made_for, lora_applied
 
 log = logging.getLogger("softeval")
 
@@ -189,8 +189,7 @@ def cell_identity(lm: LoadedModel, spec: TaskSpec, method: str, *, chat: bool, k
     data = [data_identity(spec, split, data_dir) for split in splits]
     return {
         # the dtype too: the same model in bf16 on a GPU and in fp32 on a CPU gives other outputs
-        # a hub model's revision and commit where it has them: cells of other models keep the identity they had
-        "model": {key: lm.identity.get(key) for key in (*MODEL_KEYS, "dtype") if key not in REVISION_KEYS or lm.identity.get(key)},
+        "model": {key: lm.identity.get(key) for key in (*identity_keys(lm.identity), "dtype")},
         "task_spec_sha256": spec.sha256(),
         "data": [[d["split"], d.get("sha256") or d["source"], d["rows"]] for d in data],
         "method": method,

@@ -106,9 +106,9 @@ def run_study(
         record_models(output, study.models)
         record_series(output, study)
         update_ranking(output, study.reference)
-        update_analysis(output)
         write_comparison(output)  # its findings read the ranking
         write_page(output)
+        update_analysis(output)
     failed = [r for r in reports if r.status == "failed"]
     if failed:
         rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""

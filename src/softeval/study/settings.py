@@ -57,7 +57,7 @@ class SeriesEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     model: str | None = None
-    revisions: list[str] | None = None
+    revisions: list[str] | None = Field(None, min_length=1)
     checkpoints: str | list[str] | None = None
     tokens_per_step: float | None = Field(None, gt=0)
 
@@ -70,20 +70,31 @@ class SeriesEntry(BaseModel):
     def specs(self) -> list[str]:
         """The checkpoints as --model values, in training order."""
         if self.model is not None:
-            return [f"{self.model}@{revision}" for revision in self.revisions]
-        given = [self.checkpoints] if isinstance(self.checkpoints, str) else self.checkpoints
-        return [spec for item in given for spec in expand_checkpoints(item)]
+            specs = [f"{self.model}@{revision}" for revision in self.revisions]
+        else:
+            given = [self.checkpoints] if isinstance(self.checkpoints, str) else self.checkpoints
+            specs = [spec for item in given for spec in expand_checkpoints(item)]
+        if not specs:
+            raise ValueError(f"series '{self.name}' names no checkpoint")
+        steps = [checkpoint_step(_label(spec)) for spec in specs]
+        if None not in steps:  # in training order, whatever order they were given in
+            specs = [spec for _, spec in sorted(zip(steps, specs))]
+        return specs
 
     def points(self) -> list[dict]:
         """Each checkpoint's model name, step and tokens (None where neither tells)."""
         found = []
         for spec in self.specs():
-            label = spec.split("@", 1)[1] if "@" in spec and not Path(spec).exists() else Path(spec).name
-            step, tokens = checkpoint_step(label), checkpoint_tokens(label)
+            step, tokens = checkpoint_step(_label(spec)), checkpoint_tokens(_label(spec))
             if tokens is None and step is not None and self.tokens_per_step:
                 tokens = step * self.tokens_per_step
             found.append({"model": model_name(spec), "spec": spec, "step": step, "tokens": tokens})
         return found
+
+
+def _label(spec: str) -> str:
+    """What names a checkpoint: a hub model's revision, or a folder's name."""
+    return spec.split("@", 1)[1] if "@" in spec and not Path(spec).exists() else Path(spec).name
 
 
 class LoraSettings(BaseModel):
@@ -170,8 +181,10 @@ class Study(BaseModel):
         listed = {entry.model for entry in self.models}
         for series in self.series:
             self.models += [ModelEntry(model=spec, role="base") for spec in series.specs() if spec not in listed]
-        if len({series.name for series in self.series}) < len(self.series):
-            raise ValueError("two series share a name; give each recipe its own")
+        names = [series.name for series in self.series]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"two series are named '{twice[0]}'; give each recipe a name of its own")
         if not self.models:
             raise ValueError("models: give at least one model (or a series of checkpoints)")
         return self

@@ -21,7 +21,7 @@ EXPORTS = {
     "lora_applied": "lora",
     # softprompt
     "MODEL_KEYS": "softprompt",
-    "REVISION_KEYS": "softprompt",
+    "identity_keys": "softprompt",
     "SoftPrompt": "softprompt",
     "check_made_for": "softprompt",
     "check_task_made_for": "softprompt",

@@ -120,13 +120,21 @@ def check_task_made_for(where: str, metadata: dict, spec: TaskSpec, chat: bool) 
 
 
 # Model identity keys that must agree for a prompt to be used (dtype and device may differ).
-REVISION_KEYS = ("revision", "commit")  # a hub model's: which revision, and the commit it named
-MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config_sha256", "gguf_sha256", "folder", "hub_id", "gguf", "revision", "commit")
+MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config_sha256", "gguf_sha256", "folder", "hub_id", "gguf")
+# A hub model named with a revision is also that revision at the commit it resolved to (a branch
+# that moves is another model); a model named without one keeps the identity it always had.
+REVISION_KEYS = ("revision", "commit")
+
+
+def identity_keys(identity: dict) -> tuple[str, ...]:
+    """The keys that say which model an identity is."""
+    return MODEL_KEYS + (REVISION_KEYS if identity.get("revision") else ())
 
 
 def model_difference(made_for: dict, model: dict) -> str | None:
     """The first identity key on which two models differ, or None when they are the same model."""
-    return next((k for k in MODEL_KEYS if made_for.get(k) != model.get(k)), None)
+    keys = dict.fromkeys(identity_keys(made_for) + identity_keys(model))
+    return next((k for k in keys if made_for.get(k) != model.get(k)), None)
 
 
 def save_soft_prompt(path: Path, vectors: torch.Tensor, metadata: dict) -> None:
