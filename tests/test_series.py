@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from softeval.analysis.series import budgets, decision_accuracy, decisions, earliest_decision, recipe_noise, signal_to_noise
+from softeval.errors import SoftevalError
 
 ROWS = 400
 
@@ -133,3 +135,44 @@ def test_the_example_series_study_loads():
     assert len(study.series) == 4 and len(study.models) == 32
     assert study.series[0].points()[-1] == {"model": "pythia-70m@step143000", "spec": "EleutherAI/pythia-70m@step143000",
                                             "step": 143000, "tokens": 143000 * 2097152}
+
+
+def test_a_warm_start_tunes_from_the_previous_checkpoints_prompt(tmp_path, tiny_model_dirs):
+    import json
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from conftest import STUDY_ROWS, TUNING, write_user_task
+    from softeval.cli import app
+    from softeval.models import load_model
+    from softeval.tasks import load_task
+    from softeval.tuning import TuneConfig, load_soft_prompt
+    from softeval.tuning.tuner import Tuner
+
+    for step in (1, 2):
+        shutil.copytree(tiny_model_dirs["llama"], tmp_path / "run" / f"step-{step}")
+    task = write_user_task(tmp_path, STUDY_ROWS)
+    study = {"series": [{"name": "run", "checkpoints": str(tmp_path / "run")}], "warm_start": True, "tasks": [str(task)],
+             "methods": ["soft-prompt"], "limit": 6, "tuning": TUNING}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    first = load_soft_prompt(out / "run@step-1" / "capitals" / "prompt")
+    second = load_soft_prompt(out / "run@step-2" / "capitals" / "prompt")
+    assert first.metadata["produced"] == {"by": "tune"}  # the first checkpoint starts cold
+    assert second.metadata["produced"] == {"by": "tune", "warm_start": {"from": "run@step-1", "sha256": first.sha256}}
+    assert json.loads((out / "run@step-2" / "capitals" / "soft-prompt" / "results.json").read_text())["tuning"]["steps"] == TUNING["steps"]
+    # the tuner starts from those very vectors
+    lm = load_model(str(tmp_path / "run" / "step-2"), device="cpu")
+    with Tuner(lm, load_task(task), TuneConfig(**TUNING), start=first) as tuner:
+        assert torch.equal(tuner.prompt.detach(), first.vectors)
+    wide = type(first)(torch.zeros(3, lm.hidden_size), {}, tmp_path / "wide.safetensors")
+    with pytest.raises(SoftevalError, match=r"a warm start from .*wide.safetensors needs 2 vectors"):
+        Tuner(lm, load_task(task), TuneConfig(**TUNING), start=wide)
+    with pytest.raises(ValueError, match="warm_start tunes each checkpoint of a series"):
+        from softeval.study import Study
+
+        Study(models=[{"model": "x/y"}], tasks=["arc_easy"], warm_start=True)

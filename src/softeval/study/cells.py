@@ -28,6 +28,7 @@ from softeval.tuning import (
     sweep,
     sweep_record,
     tune,
+    warm_start_record,
 )
 
 log = logging.getLogger("softeval")
@@ -76,8 +77,9 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
             tuned = soft
         else:
             place = tuned_folder(output, lm.name, spec.name, method, chat)
+            start = _warm_start(study, output, lm.name, spec.name, chat) if method == "soft-prompt" else None
             tuned = tuned_or_reused(lm, spec, study.tune_config(method, chat), place, data_dir=data_dir, sweep_grid=study.sweep,
-                                    sweep_steps=study.sweep_steps, force=force, progress=progress)
+                                    sweep_steps=study.sweep_steps, force=force, progress=progress, start=start)
     settings = dict(chat=chat, k=study.k, limit=study.limit, seed=study.seed, data_dir=data_dir)
     wanted = cell_identity(lm, spec, method, **settings, tuned=tuned)
     finished = finished_identity(folder)
@@ -101,14 +103,29 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
     return CellReport(folder, "done")
 
 
+def _warm_start(study: Study, output: Path, name: str, task: str, chat: bool) -> tuple[str, SoftPrompt] | None:
+    """The previous checkpoint's tuned prompt (same series, task and mode) where the study warm-starts."""
+    previous = study.previous_checkpoint(name) if study.warm_start else None
+    if previous is None:
+        return None
+    path = tuned_folder(output, previous, task, "soft-prompt", chat) / "soft_prompt.safetensors"
+    if not path.is_file():
+        raise SoftevalError(f"a warm start of {name} needs the prompt of the checkpoint before it, {path}, which its tuning did not write; "
+                            "run that checkpoint's cells first (or drop warm_start)")
+    return previous, load_soft_prompt(path)
+
+
 def tuned_or_reused(
-    lm, spec, config: TuneConfig, folder: Path, *, data_dir, sweep_grid: bool = False, sweep_steps: int = 40, force: bool = False, progress: bool = True
+    lm, spec, config: TuneConfig, folder: Path, *, data_dir, sweep_grid: bool = False, sweep_steps: int = 40, force: bool = False, progress: bool = True,
+    start: tuple[str, SoftPrompt] | None = None,
 ) -> SoftPrompt | Adapter:
     """The soft prompt or LoRA adapter for a cell: reused when a finished one with the same
-    provenance (model, task spec, chat mode, data, settings, plain or swept) exists, tuned
-    otherwise. An interrupted run with the same settings continues from its checkpoint."""
+    provenance (model, task spec, chat mode, data, settings, plain or swept, warm start) exists,
+    tuned otherwise. An interrupted run with the same settings continues from its checkpoint.
+    `start` is (checkpoint name, its prompt) for a warm start."""
     sweeping = sweep_grid and config.method == "soft-prompt"  # LoRA is tuned at its own lr
-    wanted = provenance(lm, spec, config, data_dir, sweep_record(sweep_steps) if sweeping else {"by": "tune"})
+    produced = sweep_record(sweep_steps) if sweeping else warm_start_record(start[1], start[0]) if start else {"by": "tune"}
+    wanted = provenance(lm, spec, config, data_dir, produced)
     saved = _saved_tuning(folder, config.method)
     if saved is not None and not force:
         changed = provenance_difference(saved.metadata, wanted, sweep=sweeping)
@@ -119,7 +136,8 @@ def tuned_or_reused(
     if sweeping:
         return sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
     resume = not force and checkpoint_matches(folder / "checkpoint.safetensors", config, lm, spec)
-    return tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress)
+    return tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress, produced=produced,
+                start=start[1] if start else None)
 
 
 def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:

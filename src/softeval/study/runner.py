@@ -86,6 +86,8 @@ def run_study(
     if ray is not None:
         from softeval.study.distributed import run_on_ray
 
+        if study.warm_start and "soft-prompt" in study.methods:
+            raise SoftevalError("warm_start tunes a series' checkpoints one after another, from the one before: run it without --ray")
         reports = run_on_ray(study, specs, ray, cache_dir=cache_dir, **run)
     else:
         reports = []

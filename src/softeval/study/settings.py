@@ -118,6 +118,7 @@ class Study(BaseModel):
     model_config = ConfigDict(extra="forbid")
     models: list[ModelEntry] = []
     series: list[SeriesEntry] = []  # pre-training recipes: their checkpoints join the models as base models
+    warm_start: bool = False  # tune each series checkpoint's soft prompt from the previous checkpoint's
     tasks: list[str] = Field(min_length=1)
     methods: list[str] = Field(["zero-shot", "few-shot", "soft-prompt"], min_length=1)
     chat: bool = False  # also run post-trained models with their chat template
@@ -188,6 +189,22 @@ class Study(BaseModel):
         if not self.models:
             raise ValueError("models: give at least one model (or a series of checkpoints)")
         return self
+
+    @model_validator(mode="after")
+    def _warm_start_has_series(self) -> Study:
+        if self.warm_start and not self.series:
+            raise ValueError("warm_start tunes each checkpoint of a series from the one before it: declare series: (or drop warm_start)")
+        if self.warm_start and self.sweep:
+            raise ValueError("warm_start and sweep both choose where a prompt starts: drop one of them")
+        return self
+
+    def previous_checkpoint(self, name: str) -> str | None:
+        """The model name of the checkpoint before `name` in its series, or None (not in a series, or its first)."""
+        for series in self.series:
+            names = [point["model"] for point in series.points()]
+            if name in names[1:]:
+                return names[names.index(name) - 1]
+        return None
 
     @model_validator(mode="after")
     def _models_pair_up(self) -> Study:

@@ -36,6 +36,7 @@ EXPORTS = {
     "sweep": "tuner",
     "sweep_record": "tuner",
     "tune": "tuner",
+    "warm_start_record": "tuner",
 }
 __all__ = sorted(EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

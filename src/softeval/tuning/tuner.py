@@ -60,7 +60,7 @@ class Tuner:
     tuning run. For LoRA the adapters live inside the model until `close()`: use it as a context
     manager."""
 
-    def __init__(self, lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir=None):
+    def __init__(self, lm: LoadedModel, spec: TaskSpec, config: TuneConfig, data_dir=None, start: SoftPrompt | None = None):
         # validation judges short answers by the rule the evaluation does
         self.lm, self.spec, self.config = lm, with_answer_words(spec, data_dir), config
         if config.chat and not lm.post_trained:
@@ -72,12 +72,11 @@ class Tuner:
         self.prompt: torch.nn.Parameter | None = None
         self._lora = None
         if config.method == "soft-prompt":
-            self.prompt = torch.nn.Parameter(
-                # text init starts from the task's own instruction unless given other words
-                initial_vectors(lm, config.length, config.init, config.init_text or spec.instruction or spec.description or spec.name, config.seed).to(
-                    next(lm.model.parameters()).device
-                )
-            )
+            if start is not None:  # a warm start: the vectors another checkpoint's tuning ended at
+                vectors = _warm_vectors(start, lm, config)
+            else:  # text init starts from the task's own instruction unless given other words
+                vectors = initial_vectors(lm, config.length, config.init, config.init_text or spec.instruction or spec.description or spec.name, config.seed)
+            self.prompt = torch.nn.Parameter(vectors.to(next(lm.model.parameters()).device))
         n_soft = 0 if self.prompt is None else config.length
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
         self.lora_targets = None
@@ -306,6 +305,7 @@ def tune(
     progress: bool = True,
     produced: dict | None = None,
     prior_seconds: float = 0.0,
+    start: SoftPrompt | None = None,
 ) -> SoftPrompt | Adapter:
     """Tune a soft prompt (or, with `config.method == "lora"`, a LoRA adapter) and return it.
 
@@ -313,11 +313,13 @@ def tune(
     `output`. Its metadata records the provenance (see `provenance`), the final validation metrics,
     the trainable parameter count and the tuning time; `produced` says how it was made when that is
     more than a plain run (a sweep passes its grid, and its trials' time as `prior_seconds`, so the
-    recorded tuning time is the prompt's whole cost)."""
+    recorded tuning time is the prompt's whole cost). With `start`, a soft prompt's tuning starts
+    from that prompt's vectors (a warm start from an earlier checkpoint's prompt; `produced`
+    should record it, see `warm_start_record`)."""
     config = config or TuneConfig()
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    with Tuner(lm, spec, config, data_dir) as tuner:
+    with Tuner(lm, spec, config, data_dir, start=start) as tuner:
         state = _train(tuner, output / "checkpoint.safetensors", resume, progress)
         summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
             "steps": config.steps,
@@ -335,6 +337,19 @@ def tune(
         plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name} ({config.method})")
         # what was tuned last: where it exists, so do its curves (a finished run is reused by it)
         return tuner.tuned(output, summary)
+
+
+def warm_start_record(start: SoftPrompt, checkpoint: str) -> dict:
+    """How a warm-started prompt was produced: from which checkpoint's prompt (by its hash, so a
+    prompt tuned again there makes this one be tuned again too)."""
+    return {"by": "tune", "warm_start": {"from": checkpoint, "sha256": start.sha256}}
+
+
+def _warm_vectors(start: SoftPrompt, lm: LoadedModel, config: TuneConfig) -> torch.Tensor:
+    if tuple(start.vectors.shape) != (config.length, lm.hidden_size):
+        raise SoftevalError(f"a warm start from {start.path} needs {config.length} vectors of {lm.hidden_size} values for {lm.name}, "
+                            f"and it holds {tuple(start.vectors.shape)}; a series' checkpoints must share one architecture (or drop warm_start)")
+    return start.vectors.detach().float().clone()
 
 
 def _train(tuner: Tuner, checkpoint: Path, resume: bool, progress: bool) -> RunState:
