@@ -150,3 +150,25 @@ def test_a_training_run_folder_stands_for_its_checkpoints_in_step_order(tmp_path
     with pytest.raises(ValueError, match="holds 3 checkpoints, and a family pairs one base"):
         Study(models=[{"model": str(run), "family": "a", "role": "base"}, {"model": "x/y", "family": "a", "role": "post-trained"}],
               tasks=["arc_easy"], methods=["zero-shot"])
+
+
+def test_a_finished_revisions_weights_are_freed_and_a_rerun_skips_its_cells(hub_cache, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from conftest import ROWS, write_user_task
+    from huggingface_hub import constants
+    from softeval.cli import app
+
+    snapshots = Path(constants.HF_HUB_CACHE) / "models--org--tiny" / "snapshots"
+    task = write_user_task(tmp_path, ROWS * 3)
+    study = {"models": [{"model": "org/tiny", "revision": "step100"}], "tasks": [str(task)], "methods": ["zero-shot"], "free_weights": True}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    out = tmp_path / "out"
+    first = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    assert first.exit_code == 0, first.output
+    assert (out / "tiny@step100" / "capitals" / "zero-shot" / "results.json").is_file()
+    assert not list((snapshots / hub_cache["step100"]).glob("*.safetensors"))  # freed
+    assert (snapshots / hub_cache["step100"] / "config.json").is_file() and list((snapshots / hub_cache["main"]).glob("*.safetensors"))
+    again = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    assert again.exit_code == 0, again.output  # its cells are finished: no weights needed

@@ -17,6 +17,7 @@ EXPORTS = {
     "checkpoint_step": "loading",
     "checkpoint_tokens": "loading",
     "expand_checkpoints": "loading",
+    "free_hub_weights": "loading",
     "load_model": "loading",
     "model_kind": "loading",
     "model_name": "loading",

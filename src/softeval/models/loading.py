@@ -270,6 +270,30 @@ def hub_commit(hub_id: str, revision: str | None) -> str:
     return Path(config).parent.name
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def free_hub_weights(hub_id: str, commit: str) -> int:
+    """Delete one commit's weight files of a hub model from the Hugging Face cache, keeping its
+    config and tokenizer (so a rerun still knows the model and skips its finished cells); a file
+    whose contents another commit shares is kept. Returns the bytes freed."""
+    from huggingface_hub import constants
+
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{hub_id.replace('/', '--')}" / "snapshots"
+    others = {f.resolve() for other in snapshots.glob("*") if other.name != commit for f in other.rglob("*") if f.is_file()}
+    freed = 0
+    for file in sorted((snapshots / commit).rglob("*")):
+        if file.suffix not in WEIGHT_SUFFIXES or not file.is_file():
+            continue
+        contents = file.resolve()  # the cache links each file to a blob named by its hash
+        shared, size = contents in others, contents.stat().st_size
+        file.unlink()
+        if contents != file and not shared:
+            contents.unlink()
+        freed += 0 if shared else size
+    return freed
+
+
 def _skeleton(where: str, kwargs: dict) -> torch.nn.Module:
     """The model's network without its weights (on the meta device), with the generation settings
     `from_pretrained` would give it: what it is can be read off it before the weights load."""

@@ -119,6 +119,9 @@ class Study(BaseModel):
     models: list[ModelEntry] = []
     series: list[SeriesEntry] = []  # pre-training recipes: their checkpoints join the models as base models
     warm_start: bool = False  # tune each series checkpoint's soft prompt from the previous checkpoint's
+    # once every cell of a hub revision is finished, delete its weight files from the Hugging Face
+    # cache (many revisions fill a disk); its config and tokenizer stay, so a rerun skips its cells
+    free_weights: bool = False
     tasks: list[str] = Field(min_length=1)
     methods: list[str] = Field(["zero-shot", "few-shot", "soft-prompt"], min_length=1)
     chat: bool = False  # also run post-trained models with their chat template
