@@ -107,7 +107,7 @@ def test_lora_tuning_resumes_to_the_same_adapter(tmp_path, tiny_llama, monkeypat
         ("models: [a]\ntasks: [t]\nsteps: 3\n", "'steps' is a tuning setting; put it under tuning"),
         ("models: [a]\ntasks: [t]\ntuning: {init_text: capitals}\n", "tuning.init_text is read by init: text only"),
         ("models: [a]\ntasks: [t]\nmethod: lora\n", "unknown key 'method' (did you mean 'methods'?)"),
-        ("models: []\ntasks: [t]\n", "models: List should have at least 1 item"),
+        ("models: []\ntasks: [t]\n", "models: give at least one model (or a series of checkpoints); fix the study file"),
         ("models: [a\n", "is not valid YAML"),
         ("models: [a]\ntasks: [t]\ntuning: {chat: true}\n", "tuning: 'chat' is not a tuning setting here"),
         ("models: [a]\ntasks: [t]\ntuning: {stepz: 3}\n", "unknown key 'tuning.stepz' (did you mean 'steps'?)"),
