@@ -32,9 +32,10 @@ def texts(data_dir: Path, recipe: str) -> list[str]:
         path = data_dir / "mandarjoshi/trivia_qa/rc.nocontext/train.jsonl"
         if not path.is_file():
             path = data_dir / "mandarjoshi/trivia_qa/rc.nocontext/validation.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()[:20000]]
+        # split on newlines only: U+2028 and friends may sit inside a JSON string
+        rows = [json.loads(line) for line in path.read_text().split("\n")[:20000] if line.strip()]
         return [f"Question: {r['question']}\nAnswer: {r['answer']['value']}\n" for r in rows]
-    rows = [json.loads(line) for line in (data_dir / "allenai/ai2_arc/ARC-Easy/train.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (data_dir / "allenai/ai2_arc/ARC-Easy/train.jsonl").read_text().split("\n") if line.strip()]
     return [f"Question: {r['question']}\nAnswer: {r['choices']['text'][r['choices']['label'].index(r['answerKey'])]}\n" for r in rows]
 
 
