@@ -52,7 +52,10 @@ def _estimate(e: dict | None) -> str:
 def _budget(value: float | None, axis: str) -> str:
     if value is None:
         return "never"
-    return f"{value / 1e9:g}B tokens" if axis == "tokens" else f"{axis} {value:g}"
+    if axis != "tokens":
+        return f"{axis} {value:g}"
+    scale, unit = next(((s, u) for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")) if value >= s), (1, ""))
+    return f"{value / scale:.3g}{unit} tokens"
 
 
 def analysis_markdown(analysis: dict) -> str:
