@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 # are added while rows x (1 + drafts) stays within DRAFT_POSITIONS.
 DRAFT_POSITIONS = 64
 
-
 MAX_DRAFT = 15
 
 

@@ -16,21 +16,17 @@ from softeval.engine.logits import LogitTransform
 
 Advance = Callable[[int], None]
 
-
 # below this many shared tokens, encoding the prefix separately saves less than it costs
 MIN_SHARED_PREFIX = 8
-
 
 # Positions (rows x padded width) in one batch: sixteen rows of 512 tokens, while a prompt filling
 # an 8192-token context sits alone rather than padding short rows to its width.
 TOKEN_BUDGET = 8192
 
-
 # A batch's padding may cost this share of its real tokens. Matrix products of a few hundred
 # positions already run near full speed, so bigger batches rarely pay for more padding: on
 # ARC-Easy prompts 1/32 computes 11% fewer positions than 1/8, in 10% less time.
 PADDING_SLACK = 1 / 32
-
 
 # Vocabulary entries per product when choosing greedy tokens: a slice of the LM head and its
 # logits stay in cache, where the whole (rows x 262k for Gemma) would go through memory; on this

@@ -23,7 +23,6 @@ from softeval.models import kept_free_bytes
 # share that cost, up to where their KV cache costs more to read than the weights.
 DECODE_ROWS = 128
 
-
 # A prompt joins a pool, or makes one with the widest prompt queued, only while the pool is at
 # most this many times as wide as the most columns the prompt's row can take (its own tokens and
 # every new token). A pool is as wide as its widest row, and every row holds that width: zeros
@@ -32,12 +31,10 @@ DECODE_ROWS = 128
 # more time than one row at a time); a long generation would read them at every step.
 POOL_WIDTH_RATIO = 4
 
-
 # Rows join a pool once this share of its slots are idle (and once no queued prompt may join it,
 # the idle slots are dropped): each joining batch is one more forward pass (a read of the
 # weights), each idle slot a wasted row at every decode step.
 JOIN_SHARE = 1 / 16
-
 
 # Bytes of KV cache a decoding pool may hold (its rows x (prompt + new tokens) x bytes per token,
 # as if every row ran to the token limit): this share of the memory free when the engine starts
@@ -48,12 +45,9 @@ JOIN_SHARE = 1 / 16
 # took the same time in pools of 89 rows, 2 GiB, as of 128.)
 KV_MEMORY_SHARE = 1 / 4
 
-
 KV_CACHE_BYTES_MIN = 256 << 20
 
-
 KV_CACHE_BYTES_MAX = 64 << 30
-
 
 # Slots a repacked pool's cache reserves for the tokens to come; a pool whose room is full is
 # repacked again with new room. Most rows stop long before the token limit, and reserving the

@@ -16,15 +16,11 @@ from softeval.tasks import TaskSpec
 
 Method = Literal["zero-shot", "few-shot", "soft-prompt", "lora"]
 
-
 METHODS: tuple[str, ...] = ("zero-shot", "few-shot", "soft-prompt", "lora")
-
 
 TUNED = ("soft-prompt", "lora")  # the methods that evaluate something tuned
 
-
 Init = Literal["vocab", "text", "random"]  # where soft-prompt vectors start (see softprompt.initial_vectors)
-
 
 MIN_TUNING_ROWS = 5  # without a validation split, a fifth of these is held out for validation
 
