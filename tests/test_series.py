@@ -176,3 +176,16 @@ def test_a_warm_start_tunes_from_the_previous_checkpoints_prompt(tmp_path, tiny_
         from softeval.study import Study
 
         Study(models=[{"model": "x/y"}], tasks=["arc_easy"], warm_start=True)
+
+
+def test_a_later_command_keeps_the_analysis_settings_chosen(tmp_path, monkeypatch):
+    import json
+
+    from softeval.reports import series as reports_series
+
+    (tmp_path / "series.json").write_text("{}")
+    (tmp_path / "analysis.json").write_text(json.dumps({"target": {"method": "few-shot", "metric": "knowledge"}, "threshold": 0.9}))
+    seen = {}
+    monkeypatch.setattr(reports_series, "analyze", lambda folder, **settings: seen.update(settings) or {"tasks": {}})
+    reports_series.update_analysis(tmp_path)
+    assert seen == {"target_method": "few-shot", "target_metric": "knowledge", "threshold": 0.9}

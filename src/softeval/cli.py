@@ -27,7 +27,6 @@ from softeval.errors import SoftevalError
 from softeval.models import ALIASES, cache_root, cached_models, prepare_alias
 from softeval.progress import console, stdout
 from softeval.study import LoraSettings, Study, cell_folder, check_before_work, check_output, load_study, run_study
-
 from softeval.tasks import builtin_tasks, load_task, resolve_data_dir, split_sizes
 from softeval.tuning import METHODS, TuneConfig
 

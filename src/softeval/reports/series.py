@@ -5,6 +5,7 @@ recipe's score against tokens (or steps) with its 95% interval."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -28,11 +29,16 @@ def analyze(folder: Path, **settings) -> dict:
 
 
 def update_analysis(folder: Path) -> dict | None:
-    """Redo the series analysis of a folder that holds series, as every command into it does."""
+    """Redo the series analysis of a folder that holds series, as every command into it does,
+    with the settings of its last analysis (target and threshold), else the defaults."""
     if not (Path(folder) / SERIES_FILE).is_file():
         return None
+    settings = {}
+    if (Path(folder) / "analysis.json").is_file():
+        last = json.loads((Path(folder) / "analysis.json").read_text(encoding="utf-8"))
+        settings = {"target_method": last["target"]["method"], "target_metric": last["target"]["metric"], "threshold": last["threshold"]}
     try:
-        return analyze(folder)
+        return analyze(folder, **settings)
     except SoftevalError as exc:  # cells still missing: no analysis rather than an outdated one
         log.info("no series analysis yet: %s", exc)
     except Exception as exc:  # noqa: BLE001 - the study's cells are done: an analysis never fails them
