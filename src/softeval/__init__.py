@@ -2,38 +2,39 @@
 
 from __future__ import annotations
 
-import importlib as _importlib
 from typing import TYPE_CHECKING
 
-# The public API, by the module that defines each name. A name is imported on first use, so
-# `import softeval` (and the command line's `--help`) does not wait for torch and transformers.
+from softeval._lazy import lazy_exports
+
+# The public API, by the module or package that offers each name. A name is imported on first use,
+# so `import softeval` (and the command line's `--help`) does not wait for torch and transformers.
 _EXPORTS = {
-    "ALIASES": "softeval.models",
-    "METHODS": "softeval.tuning",
-    "EvalResult": "softeval.scoring",
-    "Example": "softeval.formats",
-    "FORMATS": "softeval.formats",
-    "LoadedModel": "softeval.models",
-    "SoftPrompt": "softeval.tuning",
-    "SoftevalError": "softeval.errors",
-    "Study": "softeval.study",
-    "TaskSpec": "softeval.tasks",
-    "TuneConfig": "softeval.tuning",
-    "builtin_tasks": "softeval.tasks",
-    "evaluate": "softeval.study",
-    "export_peft": "softeval.tuning",
-    "initial_vectors": "softeval.tuning",
-    "load_examples": "softeval.tasks",
-    "load_model": "softeval.models",
-    "load_soft_prompt": "softeval.tuning",
-    "load_study": "softeval.study",
-    "load_task": "softeval.tasks",
-    "prepare_alias": "softeval.models",
-    "rank_study": "softeval.reports",
-    "run_study": "softeval.study",
-    "save_soft_prompt": "softeval.tuning",
-    "sweep": "softeval.tuning",
-    "tune": "softeval.tuning",
+    "ALIASES": "models",
+    "METHODS": "tuning",
+    "EvalResult": "scoring",
+    "Example": "formats",
+    "FORMATS": "formats",
+    "LoadedModel": "models",
+    "SoftPrompt": "tuning",
+    "SoftevalError": "errors",
+    "Study": "study",
+    "TaskSpec": "tasks",
+    "TuneConfig": "tuning",
+    "builtin_tasks": "tasks",
+    "evaluate": "study",
+    "export_peft": "tuning",
+    "initial_vectors": "tuning",
+    "load_examples": "tasks",
+    "load_model": "models",
+    "load_soft_prompt": "tuning",
+    "load_study": "study",
+    "load_task": "tasks",
+    "prepare_alias": "models",
+    "rank_study": "reports",
+    "run_study": "study",
+    "save_soft_prompt": "tuning",
+    "sweep": "tuning",
+    "tune": "tuning",
 }
 
 __all__ = [
@@ -66,16 +67,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'softeval' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # found here directly from now on
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly

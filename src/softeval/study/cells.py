@@ -108,11 +108,12 @@ def _warm_start(study: Study, output: Path, name: str, task: str, chat: bool) ->
     previous = study.previous_checkpoint(name) if study.warm_start else None
     if previous is None:
         return None
-    path = tuned_folder(output, previous, task, "soft-prompt", chat) / "soft_prompt.safetensors"
-    if not path.is_file():
-        raise SoftevalError(f"a warm start of {name} needs the prompt of the checkpoint before it, {path}, which its tuning did not write; "
+    folder = tuned_folder(output, previous, task, "soft-prompt", chat)
+    prompt = _saved_tuning(folder, "soft-prompt")
+    if prompt is None:
+        raise SoftevalError(f"a warm start of {name} needs the prompt of the checkpoint before it, in {folder}, which its tuning did not write; "
                             "run that checkpoint's cells first (or drop warm_start)")
-    return previous, load_soft_prompt(path)
+    return previous, prompt
 
 
 def tuned_or_reused(

@@ -60,8 +60,8 @@ def load_examples(
 
 def _examples(spec: TaskSpec, split: str, data_dir: str | Path | None) -> list[Example]:
     """Every example of a split that the filter keeps, made once per spec and split contents."""
-    source, rows = _read(spec, split, data_dir)
-    key = (_source_key(source), spec.sha256(), spec.answer_words)
+    source, source_key, rows = _read(spec, split, data_dir)
+    key = (source_key, spec.sha256(), spec.answer_words)
     if key in _EXAMPLES:
         return _EXAMPLES[key]
     if not rows:
@@ -118,7 +118,7 @@ def apart_from_evaluation(spec: TaskSpec, tuning: list[Example], data_dir: str |
 
 def load_rows(spec: TaskSpec, split: str, data_dir: str | Path | None = None) -> list[tuple[dict, str]]:
     """Raw rows of a split, each with its source location."""
-    return list(_read(spec, split, data_dir)[1])
+    return list(_read(spec, split, data_dir)[2])
 
 
 # The splits and examples read so far, by their source key (and the spec's identity): a command
@@ -128,8 +128,9 @@ _EXAMPLES: dict[tuple, list[Example]] = {}
 MAX_REMEMBERED = 16
 
 
-def _read(spec: TaskSpec, split: str, data_dir: str | Path | None) -> tuple[Path | str, list[tuple[dict, str]]]:
-    """Where a split comes from and its rows, read once per source contents."""
+def _read(spec: TaskSpec, split: str, data_dir: str | Path | None) -> tuple[Path | str, tuple, list[tuple[dict, str]]]:
+    """Where a split comes from, its source key (see `_source_key`: a file's holds its sha256)
+    and its rows, read once per source contents."""
     source = split_source(spec, split, data_dir)
     if isinstance(source, Path) and not source.is_file():
         if spec.dataset.data_files is not None:
@@ -138,7 +139,7 @@ def _read(spec: TaskSpec, split: str, data_dir: str | Path | None) -> tuple[Path
     key = _source_key(source)
     if key not in _ROWS:
         _remember(_ROWS, key, _read_hub(spec, split) if isinstance(source, str) else _read_file(source))
-    return source, _ROWS[key]
+    return source, key, _ROWS[key]
 
 
 def _source_key(source: Path | str) -> tuple:
@@ -177,12 +178,11 @@ def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:
     """Which data a split was read from: the spec's hash, the file and its sha256 (or the hub path)."""
     identity = {"task": spec.name, "task_spec": spec.source_file, "spec_sha256": spec.sha256(), "split": split}
-    rows = load_rows(spec, split, data_dir)  # rows a filter skips are counted, never silently dropped
+    source, key, rows = _read(spec, split, data_dir)  # rows a filter skips are counted, never silently dropped
     identity |= {"rows": len(rows), "filtered_out": sum(not _keeps(spec, row, where) for row, where in rows)}
-    source = split_source(spec, split, data_dir)
     if isinstance(source, str):
         return identity | {"source": source}
-    return identity | {"source": str(source.resolve()), "sha256": file_sha256(source)}
+    return identity | {"source": key[0], "sha256": key[1]}
 
 
 def split_sizes(spec: TaskSpec, data_dir: str | Path | None) -> dict[str, int | None]:
