@@ -5,8 +5,9 @@ Two tiny llamas (the SmolLM2 tokenizer, hidden 64, 2 layers) are trained from th
 --steps steps of --batch sequences of --length tokens on different data mixes built from the
 benchmark mirror's training splits: `qa` on TriviaQA questions with their answers, `science` on
 ARC-Easy questions with their correct answers. Each saves a checkpoint every --every steps. A
-study evaluates every checkpoint on ARC-Easy (option text), zero-shot, few-shot and soft-prompted,
-and `softeval analyze` compares the recipes; with --warm the soft prompts are warm-started too, and
+study evaluates every checkpoint on --task (ARC-Easy answered by letter: a format a soft prompt can
+teach even a tiny model), zero-shot, few-shot and soft-prompted, and `softeval analyze` compares
+the recipes; with --warm the soft prompts are warm-started too, and
 the warm and cold runs' tuning curves and final metrics are compared.
 
     python benchmarks/tiny_pretraining.py --data-dir ../shared/benchmarks --output runs/tiny-pretraining
@@ -64,9 +65,9 @@ def pretrain(recipe: str, data_dir: Path, out: Path, steps: int, every: int, bat
             print(f"{recipe} step {step}: loss {loss.item():.3f}", flush=True)
 
 
-def study_file(out: Path, runs: Path, tokens_per_step: int, warm: bool, steps: int) -> Path:
+def study_file(out: Path, runs: Path, task: str, tokens_per_step: int, warm: bool, steps: int) -> Path:
     series = [{"name": recipe, "checkpoints": str(runs / recipe), "tokens_per_step": tokens_per_step} for recipe in ("qa", "science")]
-    study = {"series": series, "tasks": ["arc_easy_text"], "methods": ["zero-shot", "few-shot", "soft-prompt"], "limit": 200,
+    study = {"series": series, "tasks": [task], "methods": ["zero-shot", "few-shot", "soft-prompt"], "limit": 200,
              "warm_start": warm, "tuning": {"steps": steps, "eval_every": max(1, steps // 4), "val_size": 32}}
     path = out / f"study-{'warm' if warm else 'cold'}.yaml"
     path.write_text(yaml.safe_dump(study))
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=150)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--task", default="arc_easy")
     parser.add_argument("--tune-steps", type=int, default=40)
     parser.add_argument("--warm", action="store_true", help="also run the study with warm-started prompts, and compare")
     args = parser.parse_args()
@@ -96,13 +98,13 @@ def main() -> None:
     tokens_per_step = args.batch * args.length
     for warm in ([False, True] if args.warm else [False]):
         folder = args.output / ("warm" if warm else "cold")
-        softeval("study", study_file(args.output, runs, tokens_per_step, warm, args.tune_steps), "--data-dir", args.data_dir, "--output", folder)
+        softeval("study", study_file(args.output, runs, args.task, tokens_per_step, warm, args.tune_steps), "--data-dir", args.data_dir, "--output", folder)
         softeval("analyze", folder, "--target-metric", "knowledge")  # tiny models rarely keep an answer format
     if args.warm:
-        compare_warm_and_cold(args.output)
+        compare_warm_and_cold(args.output, args.task)
 
 
-def compare_warm_and_cold(out: Path) -> None:
+def compare_warm_and_cold(out: Path, task: str) -> None:
     """Per checkpoint: the first validation step at which format-following reaches 95% of its
     final value, warm against cold, and the final metrics' paired differences (warm - cold)."""
     from softeval.analysis.comparisons import outcome_table
@@ -110,7 +112,7 @@ def compare_warm_and_cold(out: Path) -> None:
     from softeval.scoring import EvalResult
 
     print("\ncheckpoint | saturation step cold / warm | task accuracy warm - cold | format warm - cold")
-    for cold_cell in sorted((out / "cold").glob("*@checkpoint-*/arc_easy_text/soft-prompt"), key=lambda c: (c.parents[1].name.split("@")[0], int(c.parents[1].name.rsplit("-", 1)[1]))):
+    for cold_cell in sorted((out / "cold").glob(f"*@checkpoint-*/{task}/soft-prompt"), key=lambda c: (c.parents[1].name.split("@")[0], int(c.parents[1].name.rsplit("-", 1)[1]))):
         warm_cell = out / "warm" / cold_cell.relative_to(out / "cold")
         saturated = []
         for cell in (cold_cell, warm_cell):

@@ -152,7 +152,12 @@ def test_a_training_run_folder_stands_for_its_checkpoints_in_step_order(tmp_path
               tasks=["arc_easy"], methods=["zero-shot"])
 
 
-def test_a_finished_revisions_weights_are_freed_and_a_rerun_skips_its_cells(hub_cache, tmp_path):
+@pytest.mark.parametrize("ray", [False, True])
+def test_a_finished_revisions_weights_are_freed_and_a_rerun_skips_its_cells(hub_cache, tmp_path, monkeypatch, ray):
+    if ray:  # Ray's workers read the same cache, offline, as their own processes
+        pytest.importorskip("ray")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import yaml
     from typer.testing import CliRunner
 
@@ -165,10 +170,11 @@ def test_a_finished_revisions_weights_are_freed_and_a_rerun_skips_its_cells(hub_
     study = {"models": [{"model": "org/tiny", "revision": "step100"}], "tasks": [str(task)], "methods": ["zero-shot"], "free_weights": True}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     out = tmp_path / "out"
-    first = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    on_ray = ["--ray", "local"] if ray else []
+    first = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out), *on_ray])
     assert first.exit_code == 0, first.output
     assert (out / "tiny@step100" / "capitals" / "zero-shot" / "results.json").is_file()
     assert not list((snapshots / hub_cache["step100"]).glob("*.safetensors"))  # freed
     assert (snapshots / hub_cache["step100"] / "config.json").is_file() and list((snapshots / hub_cache["main"]).glob("*.safetensors"))
-    again = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    again = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out), *on_ray])
     assert again.exit_code == 0, again.output  # its cells are finished: no weights needed

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from softeval.errors import SoftevalError
-from softeval.models import LoadedModel
+from softeval.models import LoadedModel, free_hub_weights
 from softeval.study.evaluation import cell_identity, evaluate, identity_difference, model_facts, rejudge
 from softeval.study.folders import CellReport, cell_folder, finished_identity, tuned_folder
 from softeval.study.settings import Study
@@ -148,3 +148,12 @@ def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:
     return load_soft_prompt(path) if path.is_file() else None
 
 
+
+
+def free_weights(lm: LoadedModel) -> None:
+    """A hub revision's weight files, freed once its cells are all finished."""
+    identity = lm.identity
+    if identity.get("hub_id") and identity.get("revision"):
+        freed = free_hub_weights(identity["hub_id"], identity["commit"])
+        if freed:
+            log.info("freed %.1f MB: the weights of %s, whose cells are all finished", freed / 1e6, lm.name)

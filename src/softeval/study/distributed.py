@@ -10,12 +10,13 @@ Ray is an optional dependency: `pip install 'softeval[ray]'`.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_kind, model_name, prepare_alias
 from softeval.progress import progress_bars
-from softeval.study.cells import run_unit
+from softeval.study.cells import free_weights, run_unit
 from softeval.study.folders import CellReport
 from softeval.study.settings import Study
 from softeval.tasks import TaskSpec
@@ -68,17 +69,25 @@ def run_on_ray(
             for spec in specs
         }
         reports: list[CellReport] = []
+        units_left = Counter(model for model, _ in pending.values())
+        failed: set[str] = set()
         with progress_bars(True) as bars:
             advance = bars.row(f"ray: {len(pending)} (model, task) units", len(pending))
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 model, task_name = pending.pop(done[0])
                 try:
-                    reports += ray.get(done[0])
+                    unit = ray.get(done[0])
                 except Exception as exc:  # noqa: BLE001 - a failing unit must not stop the others
                     reason = (str(getattr(exc, "cause", None) or exc).strip().splitlines() or [type(exc).__name__])[-1]
                     log.error("%s on %s failed: %s", model, task_name, reason)
-                    reports.append(CellReport(where["output"] / model_name(model) / task_name, "failed", reason[:300]))
+                    unit = [CellReport(where["output"] / model_name(model) / task_name, "failed", reason[:300])]
+                reports += unit
+                failed |= {model} if any(r.status == "failed" for r in unit) else set()
+                units_left[model] -= 1
+                if study.free_weights and not units_left[model] and model not in failed:
+                    # the model's last unit: the driver shares the workers' Hugging Face cache
+                    free_weights(load_model(model, cache_dir=where["cache_dir"], lazy=True))
                 advance(1)
         return reports
     finally:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
-from softeval.models import free_hub_weights, load_model, model_name
+from softeval.models import load_model, model_name
 from softeval.scoring import MODELS_FILE, SERIES_FILE
 from softeval.study.folders import CellReport, check_cell_folders
 from softeval.study.preflight import check_before_work
@@ -73,7 +73,7 @@ def run_study(
                       limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
     check_cell_folders(output, study, specs)
     from softeval.reports import update_analysis, update_ranking, write_comparison, write_page
-    from softeval.study.cells import run_unit
+    from softeval.study.cells import free_weights, run_unit
     from softeval.tuning import load_soft_prompt
 
     soft = load_soft_prompt(prompt) if prompt is not None and "soft-prompt" in study.methods else None
@@ -103,7 +103,7 @@ def run_study(
             done = [r for spec in specs for r in run_unit(lm, spec, study, role=entry.role, progress=progress, **run)]
             reports += done
             if study.free_weights and all(r.status != "failed" for r in done):
-                _free_weights(lm)
+                free_weights(lm)
             if _any_finished(reports):
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
@@ -144,15 +144,6 @@ def _planned_cells(study: Study, specs: list[TaskSpec], soft: SoftPrompt | None)
         modes = 2 if study.chat and entry.role != "base" else 1
         cells += sum(1 if method == "soft-prompt" and soft is not None else modes for method in study.methods)
     return cells * len(specs)
-
-
-def _free_weights(lm) -> None:
-    """A hub revision's weight files, freed once its cells are all finished."""
-    identity = lm.identity
-    if identity.get("hub_id") and identity.get("revision"):
-        freed = free_hub_weights(identity["hub_id"], identity["commit"])
-        if freed:
-            log.info("freed %.1f MB: the weights of %s, whose cells are all finished", freed / 1e6, lm.name)
 
 
 def _any_finished(reports: list[CellReport]) -> bool:
