@@ -40,12 +40,14 @@ def texts(data_dir: Path, recipe: str) -> list[str]:
     return [f"Question: {r['question']}\nAnswer: {r['choices']['text'][r['choices']['label'].index(r['answerKey'])]}\n" for r in rows]
 
 
-def pretrain(recipe: str, data_dir: Path, out: Path, steps: int, every: int, batch: int, length: int, seed: int) -> None:
+def pretrain(recipe: str, data_dir: Path, out: Path, steps: int, every: int, batch: int, length: int, seed: int, *,
+             hidden: int = 64, n_texts: int | None = None) -> None:
+    """Train a tiny llama on the recipe's texts (the first `n_texts`), saving OUT/recipe/checkpoint-N every `every` steps."""
     tokenizer = AutoTokenizer.from_pretrained(prepare_alias("smollm2-135m-instruct"))
     tokenizer.chat_template = None  # a base model
-    stream = tokenizer("".join(texts(data_dir, recipe)))["input_ids"]
+    stream = tokenizer("".join(texts(data_dir, recipe)[:n_texts]))["input_ids"]
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = LlamaForCausalLM(config)

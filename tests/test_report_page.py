@@ -144,3 +144,43 @@ def test_a_conflict_is_its_own_outcome_as_in_the_diagnostics_table():
 
     assert [outcome(sample(s)) for s in ("conflict", "ambiguous", "no_answer")] == ["conflict", "ambiguous", "format failure"]
     assert outcome(sample("answer", format_ok=True)) == "wrong" and outcome(sample("answer", True, True)) == "correct"
+
+
+def test_a_series_study_shows_its_checkpoints_section(tmp_path, tokenizer_dirs, browser):
+    """Two runs of three checkpoints each (tiny llamas, other random weights at each): the page
+    shows decision accuracy per budget and method, the earliest decisions, the curves and noise."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import TUNING, tiny_config, write_user_task
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+    tokenizer.chat_template = None
+    for r, run in enumerate(("run-a", "run-b")):
+        for step in (100, 200, 300):
+            torch.manual_seed(1000 * r + step)
+            AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer), tokenizer)).save_pretrained(tmp_path / run / f"checkpoint-{step}")
+            tokenizer.save_pretrained(tmp_path / run / f"checkpoint-{step}")
+    series = [{"name": run, "checkpoints": str(tmp_path / run), "tokens_per_step": 1e6} for run in ("run-a", "run-b")]
+    study = {"series": series, "tasks": [str(write_user_task(tmp_path, STUDY_ROWS))], "methods": ["zero-shot", "soft-prompt"], "limit": 8,
+             "tuning": TUNING}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    result = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    analysis = json.loads((tmp_path / "out" / "analysis.json").read_text())["tasks"]["capitals"]
+
+    page = open_page(browser, tmp_path / "out" / "index.html")
+    assert page.errors == []
+    section = page.locator("section#series")
+    assert section.count() == 1 and page.locator("nav a[href='#series']").count() == 1
+    rows = section.locator("table.decisions tr")
+    assert rows.count() == 1 + 3 + 1  # header, three budgets, the earliest decision
+    assert rows.nth(1).locator("td").first.text_content() == "100M tokens"
+    shown = rows.nth(3).locator("td").all_text_contents()[1:]  # the last budget, per method
+    last = [analysis["decisions"][m][2]["decision_accuracy"] for m in ("zero-shot", "soft-prompt")]
+    assert shown == [f"{e['value']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e["value"] is not None else "n/a" for e in last]
+    assert rows.last.locator("td").first.text_content() == "decides from"
+    assert section.locator("svg").count() == 1
+    assert section.locator("table").nth(1).locator("tr").count() == 1 + 2 * 2  # per method and recipe: noise, outliers
+

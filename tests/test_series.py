@@ -73,57 +73,68 @@ def test_noise_monotonicity_and_an_outlier_checkpoint():
     assert signal_to_noise([0.6], [0.1]) is None
 
 
-def test_a_study_of_two_recipes_is_analysed_end_to_end(tmp_path, tokenizer_dirs):
-    """Two training runs of three checkpoints each (tiny llamas, each checkpoint other random
-    weights): the study evaluates every checkpoint, and `softeval analyze` states decision accuracy
-    per method and budget, the earliest decision, noise and outliers, in files and on the terminal."""
+def test_a_tiny_pretraining_run_is_analysed_end_to_end(tmp_path, mirror, monkeypatch):
+    """Two recipes really pre-trained (tiny llamas, seeded, on TriviaQA or ARC-Easy text of the
+    benchmark mirror, a checkpoint every 40 steps), each with its reference model: the study
+    evaluates every checkpoint on ARC-Easy, and `softeval analyze` orders the recipes by their
+    references and states decision accuracy per method and budget, the earliest decision, noise
+    and outliers, in files and on the terminal."""
     import json
+    import shutil
 
-    import torch
     import yaml
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from typer.testing import CliRunner
 
-    from conftest import STUDY_ROWS, TUNING, tiny_config, write_user_task
+    from conftest import REPO, TUNING
     from softeval.cli import app
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
-    tokenizer.chat_template = None
-    for r, run in enumerate(("run-a", "run-b")):
-        for step in (100, 200, 300):
-            torch.manual_seed(1000 * r + step)
-            folder = tmp_path / run / f"checkpoint-{step}"
-            AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer), tokenizer)).save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-    task = write_user_task(tmp_path, STUDY_ROWS)
-    series = [{"name": run, "checkpoints": str(tmp_path / run), "tokens_per_step": 1e6} for run in ("run-a", "run-b")]
-    study = {"series": series, "tasks": [str(task)], "methods": ["zero-shot", "few-shot", "soft-prompt"], "k": 2, "limit": 12, "tuning": TUNING}
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from tiny_pretraining import pretrain
+
+    for recipe in ("qa", "science"):
+        pretrain(recipe, mirror, tmp_path, steps=120, every=40, batch=8, length=32, seed=0, hidden=32, n_texts=2000)
+        # the recipe's reference: its final model under a name of its own
+        shutil.copytree(tmp_path / recipe / "checkpoint-120", tmp_path / f"{recipe}-final")
+    series = [{"name": r, "checkpoints": str(tmp_path / r), "tokens_per_step": 8 * 32, "reference": str(tmp_path / f"{r}-final")}
+              for r in ("qa", "science")]
+    study = {"series": series, "tasks": ["arc_easy"], "methods": ["zero-shot", "few-shot", "soft-prompt"], "k": 2, "limit": 16,
+             "tuning": TUNING, "reference": {"method": "zero-shot", "chat": False}}
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     out = tmp_path / "out"
     runner = CliRunner()
-    result = runner.invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)])
+    result = runner.invoke(app, ["study", str(tmp_path / "study.yaml"), "--data-dir", str(mirror), "--output", str(out)])
     assert result.exit_code == 0, result.output
     recorded = json.loads((out / "series.json").read_text())
-    assert [p["model"] for p in recorded["run-a"]] == ["run-a@checkpoint-100", "run-a@checkpoint-200", "run-a@checkpoint-300"]
-    assert [p["tokens"] for p in recorded["run-b"]] == [1e8, 2e8, 3e8]
+    assert [p["model"] for p in recorded["qa"]["checkpoints"]] == ["qa@checkpoint-40", "qa@checkpoint-80", "qa@checkpoint-120"]
+    assert [p["tokens"] for p in recorded["science"]["checkpoints"]] == [40 * 256, 80 * 256, 120 * 256]
+    assert recorded["qa"]["reference"] == {"model": "qa-final", "method": "zero-shot", "chat": False}
     assert (out / "analysis.json").is_file()  # the study analysed its series itself
 
     result = runner.invoke(app, ["analyze", str(out)])
     assert result.exit_code == 0, result.output
     analysis = json.loads((out / "analysis.json").read_text())
-    found = analysis["tasks"]["capitals"]
+    assert analysis["target"]["kind"] == "reference" and not analysis["target"]["chosen"]
+    found = analysis["tasks"]["arc_easy"]
     assert set(found["decisions"]) == {"zero-shot", "few-shot", "soft-prompt"} and found["axis"] == "tokens"
-    # decision accuracy at each budget, as computed here from the cells' samples
-    samples = {}
-    for run in ("run-a", "run-b"):
-        for step in (100, 200, 300):
-            lines = (out / f"{run}@checkpoint-{step}" / "capitals" / "soft-prompt" / "samples.jsonl").read_text().splitlines()
-            samples[run, step] = np.mean([json.loads(line)["task_correct"] for line in lines])
-    target = [samples["run-a", 300], samples["run-b", 300]]
-    expected = [decision_accuracy([samples["run-a", s], samples["run-b", s]], target) for s in (100, 200, 300)]
-    assert [b["decision_accuracy"]["value"] for b in found["decisions"]["soft-prompt"]] == expected
-    assert [b["budget"] for b in found["decisions"]["soft-prompt"]] == [1e8, 2e8, 3e8]
-    assert "| **decides from** |" in result.output and (out / "analysis_capitals.png").is_file()
+
+    def accuracy(model: str, method: str) -> float:
+        lines = (out / model / "arc_easy" / method / "samples.jsonl").read_text().splitlines()
+        return np.mean([json.loads(line)["task_correct"] for line in lines])
+
+    # decision accuracy at each budget, as computed here from the cells' samples, against the references
+    target = [accuracy("qa-final", "zero-shot"), accuracy("science-final", "zero-shot")]
+    assert list(found["target_scores"].values()) == pytest.approx(target)
+    for method in ("zero-shot", "soft-prompt"):
+        expected = [decision_accuracy([accuracy(f"qa@checkpoint-{s}", method), accuracy(f"science@checkpoint-{s}", method)], target)
+                    for s in (40, 80, 120)]
+        assert [b["decision_accuracy"]["value"] for b in found["decisions"][method]] == expected
+    assert [b["budget"] for b in found["decisions"]["soft-prompt"]] == [40 * 256, 80 * 256, 120 * 256]
+    assert "| **decides from** |" in result.output and "post-trained reference model's task_accuracy" in result.output
+    assert (out / "analysis_arc_easy.png").is_file()
+    last = runner.invoke(app, ["analyze", str(out), "--target", "last", "--target-method", "zero-shot"])
+    assert last.exit_code == 0, last.output
+    zero_shot = json.loads((out / "analysis.json").read_text())["tasks"]["arc_easy"]["decisions"]["zero-shot"]
+    assert zero_shot[-1]["decision_accuracy"]["value"] in (1.0, None)  # the target's own scores order themselves
 
 
 def test_the_example_series_study_loads():
@@ -135,6 +146,10 @@ def test_the_example_series_study_loads():
     assert len(study.series) == 4 and len(study.models) == 32
     assert study.series[0].points()[-1] == {"model": "pythia-70m@step143000", "spec": "EleutherAI/pythia-70m@step143000",
                                             "step": 143000, "tokens": 143000 * 2097152}
+    olmo = load_study(Path(__file__).resolve().parents[1] / "examples" / "olmo2-series.yaml")
+    assert [p["tokens"] for p in olmo.series[1].points()][:2] == [5e9, 9e9]
+    references = [(m.model, m.role) for m in olmo.models if m.role == "post-trained"]
+    assert references == [("allenai/OLMo-2-0425-1B-Instruct", "post-trained"), ("allenai/OLMo-2-1124-7B-Instruct", "post-trained")]
 
 
 def test_a_warm_start_tunes_from_the_previous_checkpoints_prompt(tmp_path, tiny_model_dirs):
@@ -188,4 +203,24 @@ def test_a_later_command_keeps_the_analysis_settings_chosen(tmp_path, monkeypatc
     seen = {}
     monkeypatch.setattr(reports_series, "analyze", lambda folder, **settings: seen.update(settings) or {"tasks": {}})
     reports_series.update_analysis(tmp_path)
-    assert seen == {"target_method": "few-shot", "target_metric": "knowledge", "threshold": 0.9}
+    assert seen == {"target": None, "target_method": "few-shot", "target_metric": "knowledge", "threshold": 0.9}
+    chosen = {"kind": "last", "chosen": True, "method": "few-shot", "metric": "knowledge"}
+    (tmp_path / "analysis.json").write_text(json.dumps({"target": chosen, "threshold": 0.9}))
+    reports_series.update_analysis(tmp_path)
+    assert seen["target"] == "last"  # chosen by the user: kept; else chosen again as references are declared
+
+
+def test_a_reference_target_needs_every_recipe_to_declare_one(tmp_path):
+    import json
+
+    from softeval.analysis import series_analysis
+    from softeval.study import Study
+
+    point = {"model": "a@step1", "spec": "a@step1", "step": 1, "tokens": None}
+    (tmp_path / "series.json").write_text(json.dumps({"a": [point], "b": {"checkpoints": [point], "reference": None}}))  # old and new layout
+    with pytest.raises(SoftevalError, match=r"^series 'a' declares no reference model; add reference: to its series in the study file, or use --target last$"):
+        series_analysis(tmp_path, target="reference")
+    with pytest.raises(ValueError, match="a series' reference is evaluated with its chat template: set chat: true"):
+        Study(series=[{"name": "a", "model": "org/a", "revisions": ["step1"], "reference": "org/a-instruct"}], tasks=["arc_easy"])
+    study = Study(series=[{"name": "a", "model": "org/a", "revisions": ["step1"], "reference": "org/a-instruct"}], tasks=["arc_easy"], chat=True)
+    assert [(m.model, m.role) for m in study.models] == [("org/a@step1", "base"), ("org/a-instruct", "post-trained")]

@@ -317,7 +317,12 @@ def rank_command(
 @app.command("analyze")
 def analyze_command(
     folder: Annotated[Path, typer.Argument(help="An output folder of a study that declares series (pre-training recipes).")],
-    target_method: Annotated[str, typer.Option(help="Method of the target: each recipe's last checkpoint's score.")] = "soft-prompt",
+    target: Annotated[
+        str | None,
+        typer.Option(help="What orders the recipes: 'reference' (their post-trained models; the default where every series declares one) "
+                     "or 'last' (their last checkpoints)."),
+    ] = None,
+    target_method: Annotated[str, typer.Option(help="Method of the last checkpoints' score, with --target last.")] = "soft-prompt",
     target_metric: Annotated[str, typer.Option(help="Metric of the target, and of the scores ordered against it.")] = "task_accuracy",
     threshold: Annotated[float, typer.Option(min=0, max=1, help="Decision accuracy a method must keep from its earliest decision on.")] = 0.8,
 ) -> None:
@@ -326,11 +331,14 @@ def analyze_command(
         raise SoftevalError(f"--target-method: unknown method '{target_method}'; choose one of: {', '.join(METHODS)}")
     if target_metric not in ("task_accuracy", "knowledge", "format_following"):
         raise SoftevalError(f"--target-metric: '{target_metric}' is no curve metric; choose task_accuracy, knowledge or format_following")
+    if target not in (None, "reference", "last"):
+        raise SoftevalError(f"--target: unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
     if not folder.is_dir():
         raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval study")
-    from softeval.reports import analyze
+    from softeval.reports import analyze, write_page
 
-    analysis = analyze(folder, target_method=target_method, target_metric=target_metric, threshold=threshold)
+    analysis = analyze(folder, target=target, target_method=target_method, target_metric=target_metric, threshold=threshold)
+    write_page(folder)  # its section on checkpoints
     stdout.print((folder / "analysis.md").read_text(encoding="utf-8"), highlight=False, markup=False)
     stdout.print(f"wrote {folder / 'analysis.json'} ({len(analysis['tasks'])} tasks)", highlight=False)
 

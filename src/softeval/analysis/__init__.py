@@ -22,6 +22,7 @@ EXPORTS = {
     "families": "ranking",
     "ranking_analysis": "ranking",
     # series
+    "read_series": "series",
     "series_analysis": "series",
     # settings
     "Reference": "settings",

@@ -171,39 +171,76 @@ def _interval(value: float | None, resampled: np.ndarray) -> Estimate:
 CURVE_METRICS = {"task_accuracy": "task_correct", "knowledge": "knowledge_correct", "format_following": "format_ok"}
 
 
+def read_series(folder: Path) -> dict[str, dict]:
+    """OUTPUT/series.json: per recipe, its checkpoints (model, step, tokens) and its reference (the
+    post-trained model's name and the method and chat mode it is evaluated with), or None."""
+    path = Path(folder) / SERIES_FILE
+    if not path.is_file():
+        raise SoftevalError(f"{path} not found; run a study that declares series: (pre-training recipes) into {folder} first")
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    # a folder written before references were recorded holds each recipe's checkpoints alone
+    return {name: {"checkpoints": s, "reference": None} if isinstance(s, list) else s for name, s in recorded.items()}
+
+
+TARGETS = ("reference", "last")
+
+
 def series_analysis(
-    folder: Path, *, target_method: str = "soft-prompt", target_metric: str = "task_accuracy", threshold: float = DECISION_THRESHOLD,
-    n_resamples: int = 1000, seed: int = 0,
+    folder: Path, *, target: str | None = None, target_method: str = "soft-prompt", target_metric: str = "task_accuracy",
+    threshold: float = DECISION_THRESHOLD, n_resamples: int = 1000, seed: int = 0,
 ) -> dict:
     """Every analysis of the recipes in OUTPUT/series.json, per task, over the folder's finished
     cells (plain mode; the methods every checkpoint of every recipe has): each recipe's curves,
-    decision accuracy per method and budget against the target (by default each recipe's last
-    checkpoint's soft-prompt task accuracy), the earliest decision per method, each recipe's
-    noise, monotonicity and outliers, and the format gap per checkpoint."""
+    decision accuracy per method and budget against the target, the earliest decision per method,
+    each recipe's noise, monotonicity and outliers, and the format gap per checkpoint.
+
+    The target orders the recipes: "reference" is their declared post-trained models' score,
+    evaluated as the study recorded; "last" their last checkpoints' `target_method` score. By
+    default, the references where every recipe declares one, else the last checkpoints."""
     folder = Path(folder)
-    path = folder / SERIES_FILE
-    if not path.is_file():
-        raise SoftevalError(f"{path} not found; run a study that declares series: (pre-training recipes) into {folder} first")
-    series = json.loads(path.read_text(encoding="utf-8"))
-    if len(series) < 2:
-        raise SoftevalError(f"{path} holds {len(series)} series; comparing recipes needs at least 2")
+    recorded = read_series(folder)
+    if len(recorded) < 2:
+        raise SoftevalError(f"{folder / SERIES_FILE} holds {len(recorded)} series; comparing recipes needs at least 2")
+    references = {name: s["reference"] for name, s in recorded.items()}
+    chosen = target is not None  # else re-chosen by each analysis, as references are declared
+    target = target or ("reference" if all(references.values()) else "last")
+    if target == "reference" and not all(references.values()):
+        missing = next(name for name, ref in references.items() if not ref)
+        raise SoftevalError(f"series '{missing}' declares no reference model; add reference: to its series in the study file, or use --target last")
+    series = {name: s["checkpoints"] for name, s in recorded.items()}
     cells = {cell_key(r): r for r in finished_cells(folder)}
-    analysis = {"target": {"method": target_method, "metric": target_metric}, "threshold": threshold, "series": series, "tasks": {}}
+    if target not in TARGETS:
+        raise SoftevalError(f"unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
+    settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method}
+    if target == "reference":
+        settings |= {"method": None, "models": {name: ref["model"] for name, ref in references.items()}}
+    analysis = {"target": settings, "threshold": threshold, "series": series, "references": references, "tasks": {}}
     for task in sorted({key[1] for key in cells}):
-        found = _task_analysis(series, cells, task, target_method, target_metric, threshold, n_resamples, seed)
+        found = _task_analysis(series, references if target == "reference" else None, cells, task, target_method, target_metric,
+                               threshold, n_resamples, seed)
         if found is not None:
             analysis["tasks"][task] = found
     if not analysis["tasks"]:
-        raise SoftevalError(f"no task in {folder} has the {target_method} cells of every checkpoint of every series; run the study's cells first")
+        wanted = "reference cells" if target == "reference" else f"{target_method} cells of every checkpoint"
+        raise SoftevalError(f"no task in {folder} has the {wanted} of every series; run the study's cells first")
     return analysis
 
 
-def _task_analysis(series: dict, cells: dict, task: str, target_method: str, target_metric: str, threshold: float, n_resamples: int, seed: int):
+def _task_analysis(series: dict, references: dict | None, cells: dict, task: str, target_method: str, target_metric: str, threshold: float,
+                   n_resamples: int, seed: int):
     has = lambda method: all((p["model"], task, method, False) in cells for points in series.values() for p in points)  # noqa: E731
     methods = [m for m in METHODS if has(m)]
-    if target_method not in methods:
-        return None
-    rows = common_rows([cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods])
+    if references is None:
+        if target_method not in methods:
+            return None
+        target_cells = {n: cells[(series[n][-1]["model"], task, target_method, False)] for n in series}
+    else:
+        keys = {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items()}
+        if not methods or any(key not in cells for key in keys.values()):
+            return None
+        target_cells = {n: cells[key] for n, key in keys.items()}
+    checkpoint_cells = [cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods]
+    rows = common_rows(checkpoint_cells + list(target_cells.values()))
     if len(rows) < 2:
         return None  # no rows every checkpoint evaluated: nothing to compare
     names = list(series)
@@ -215,8 +252,9 @@ def _task_analysis(series: dict, cells: dict, task: str, target_method: str, tar
     def table(name: str, method: str, metric: str) -> np.ndarray:
         return outcome_table([cells[(p["model"], task, method, False)] for p in series[name]], rows, CURVE_METRICS[metric])
 
-    target = np.stack([table(n, target_method, target_metric)[-1] for n in names])
-    found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "format_gap": {}}
+    target = np.stack([outcome_table([target_cells[n]], rows, CURVE_METRICS[target_metric])[0] for n in names])
+    found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "target_scores": dict(zip(names, target.mean(axis=1).tolist())),
+             "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "format_gap": {}}
     for method in methods:
         found["curves"][method] = {metric: {n: _curve(table(n, method, metric), n_resamples, seed) for n in names} for metric in CURVE_METRICS}
         scored = [table(n, method, target_metric) for n in names]

@@ -69,6 +69,7 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
         "curves": tuning_curves(folder),
         "ranking": ranking_view(ranking) if ranking else None,
         "agreement": agreement_view(agreement, results) if agreement else None,
+        "series": series_view(folder),
         "samples_json": samples_json(results),
     }
 
@@ -288,6 +289,25 @@ def rank_chart(families: list[str], comparison: dict) -> str:
         ax.invert_yaxis()
     fig.tight_layout()
     return _svg(fig)
+
+
+def series_view(folder: Path) -> dict | None:
+    """The folder's series analysis (OUTPUT/analysis.json), where there is one: per task, decision
+    accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
+    from softeval.reports.series import curves_figure, decision_rows, format_gap_lines, noise_rows, signal_text, target_text
+
+    path = folder / "analysis.json"
+    if not path.is_file():
+        return None
+    analysis = json.loads(path.read_text(encoding="utf-8"))
+    tasks = [
+        {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
+         "noise": noise_rows(analysis, found), "signal": signal_text(found), "format_gap": format_gap_lines(found),
+         "chart": _svg(curves_figure(found, task))}
+        for task, found in analysis["tasks"].items()
+    ]
+    recipes = ", ".join(f"{name} ({len(points)} checkpoints)" for name, points in analysis["series"].items())
+    return {"recipes": recipes, "target": target_text(analysis), "threshold": analysis["threshold"], "tasks": tasks}
 
 
 def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:

@@ -36,7 +36,9 @@ def update_analysis(folder: Path) -> dict | None:
     settings = {}
     if (Path(folder) / "analysis.json").is_file():
         last = json.loads((Path(folder) / "analysis.json").read_text(encoding="utf-8"))
-        settings = {"target_method": last["target"]["method"], "target_metric": last["target"]["metric"], "threshold": last["threshold"]}
+        target = last["target"]
+        settings = {"target": target.get("kind") if target.get("chosen") else None, "target_metric": target["metric"], "threshold": last["threshold"]}
+        settings |= {"target_method": target["method"]} if target.get("method") else {}
     try:
         return analyze(folder, **settings)
     except SoftevalError as exc:  # cells still missing: no analysis rather than an outdated one
@@ -64,47 +66,75 @@ def _budget(value: float | None, axis: str) -> str:
     return f"{value / scale:.3g}{unit} tokens"
 
 
-def analysis_markdown(analysis: dict) -> str:
+def target_text(analysis: dict) -> str:
+    """What orders the recipes, in words."""
     target = analysis["target"]
+    if target.get("kind") == "reference":
+        first = next(iter(analysis["references"].values()))
+        how = f"{first['method']}{' with its chat template' if first['chat'] else ''}"
+        return f"each recipe's post-trained reference model's {target['metric']} ({how})"
+    return (f"each recipe's last checkpoint's {target['method']} {target['metric']} (that method orders the last budget "
+            "perfectly by construction: compare methods on the budgets before it)")
+
+
+def decision_rows(found: dict) -> list[list[str]]:
+    """A task's decision accuracy per budget (rows) and method (columns), its earliest decision last."""
+    axis, methods = found["axis"], list(found["decisions"])
+    rows = []
+    for k, budget in enumerate(b["budget"] for b in found["decisions"][methods[0]]):
+        rows.append([_budget(budget, axis)] + [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods])
+    return rows + [["decides from"] + [_budget(found["earliest"][m], axis) for m in methods]]
+
+
+def noise_rows(analysis: dict, found: dict) -> list[list[str]]:
+    """Per method and recipe: noise, monotonicity and outlier checkpoints."""
+    rows = []
+    for method, recipes in found["recipes"].items():
+        for name, r in recipes.items():
+            if name == "signal_to_noise":
+                continue
+            flagged = ", ".join(analysis["series"][name][k]["model"] for k in r["outliers"]) or "-"
+            noise = "n/a" if r["noise"] is None else f"{r['noise']:.3f}"
+            mono = "n/a" if r["monotonicity"] is None else f"{r['monotonicity']:+.2f}"
+            rows.append([method, name, noise, mono, flagged])
+    return rows
+
+
+def signal_text(found: dict) -> str:
+    snr = {m: r["signal_to_noise"] for m, r in found["recipes"].items()}
+    return "Signal to noise (spread of final scores over mean noise): " + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."
+
+
+def format_gap_lines(found: dict) -> list[str]:
+    """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint."""
+    return [f"soft-prompt minus {other}, {name}: " + ", ".join(_estimate(g) for g in per_checkpoint)
+            for other, gaps in found["format_gap"].items() for name, per_checkpoint in gaps.items()]
+
+
+def analysis_markdown(analysis: dict) -> str:
     lines = [
         "# softeval series analysis",
         "",
-        f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: each recipe's last "
-        f"checkpoint's {target['method']} {target['metric']}. Decision accuracy: the share of recipe pairs a budget's scores "
-        f"order as the target does (95% intervals resample benchmark rows); a method decides from the first budget from which "
-        f"it stays at or above {analysis['threshold']:g}. The target's own method orders the last budget perfectly by "
-        "construction: compare methods on the budgets before it.",
+        f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: {target_text(analysis)}. "
+        "Decision accuracy: the share of recipe pairs a budget's scores order as the target does (95% intervals resample "
+        f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}.",
     ]
     for task, found in analysis["tasks"].items():
-        axis = found["axis"]
         methods = list(found["decisions"])
         lines += ["", f"## {task} ({found['rows']} rows)", "", "| budget | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-        budgets = [b["budget"] for b in found["decisions"][methods[0]]]
-        for k, budget in enumerate(budgets):
-            cells = [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods]
-            lines.append(f"| {_budget(budget, axis)} | " + " | ".join(cells) + " |")
-        lines.append("| **decides from** | " + " | ".join(_budget(found["earliest"][m], axis) for m in methods) + " |")
+        *budgets, earliest = decision_rows(found)
+        lines += ["| " + " | ".join(row) + " |" for row in budgets]
+        lines.append("| **decides from** | " + " | ".join(earliest[1:]) + " |")
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
-        for method, recipes in found["recipes"].items():
-            for name, r in recipes.items():
-                if name == "signal_to_noise":
-                    continue
-                flagged = ", ".join(analysis["series"][name][k]["model"] for k in r["outliers"]) or "-"
-                noise = "n/a" if r["noise"] is None else f"{r['noise']:.3f}"
-                mono = "n/a" if r["monotonicity"] is None else f"{r['monotonicity']:+.2f}"
-                lines.append(f"| {method} | {name} | {noise} | {mono} | {flagged} |")
-        snr = {m: r["signal_to_noise"] for m, r in found["recipes"].items()}
-        lines += ["", "Signal to noise (spread of final scores over mean noise): "
-                  + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."]
-        for other, gaps in found["format_gap"].items():
-            lines += ["", f"Format gap, soft-prompt minus {other} task accuracy per checkpoint:", ""]
-            for name, per_checkpoint in gaps.items():
-                lines.append(f"* {name}: " + ", ".join(_estimate(g) for g in per_checkpoint))
+        lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
+        lines += ["", signal_text(found)]
+        if found["format_gap"]:
+            lines += ["", "Format gap in task accuracy per checkpoint:", ""] + [f"* {line}" for line in format_gap_lines(found)]
     return "\n".join(lines) + "\n"
 
 
-def _plot(found: dict, task: str, path: Path) -> None:
-    """Each recipe's score against the budget axis, one panel per method (the target metric), with 95% bands."""
+def curves_figure(found: dict, task: str):
+    """Each recipe's task accuracy against the budget axis, one panel per method, with 95% bands."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,21 +142,28 @@ def _plot(found: dict, task: str, path: Path) -> None:
 
     methods = list(found["curves"])
     fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.2), sharey=True, squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        for name, curve in found["curves"][method]["task_accuracy"].items():
+            xs = found["x"][name]
+            ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
+            low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
+            high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
+            ax.fill_between(xs, low, high, alpha=0.2)
+        if found["axis"] == "tokens":
+            ax.set_xscale("log")  # checkpoints are often spaced by doubling
+        ax.set_title(method)
+        ax.set_xlabel(found["axis"])
+    axes[0][0].set_ylabel(f"{task} task accuracy")
+    axes[0][0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def _plot(found: dict, task: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(found, task)
     try:
-        for ax, method in zip(axes[0], methods):
-            for name, curve in found["curves"][method]["task_accuracy"].items():
-                xs = found["x"][name]
-                ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
-                low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
-                high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
-                ax.fill_between(xs, low, high, alpha=0.2)
-            if found["axis"] == "tokens":
-                ax.set_xscale("log")  # checkpoints are often spaced by doubling
-            ax.set_title(method)
-            ax.set_xlabel(found["axis"])
-        axes[0][0].set_ylabel(f"{task} task accuracy")
-        axes[0][0].legend()
-        fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=90)
     finally:

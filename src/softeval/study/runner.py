@@ -111,8 +111,8 @@ def run_study(
         record_series(output, study)
         update_ranking(output, study.reference)
         write_comparison(output)  # its findings read the ranking
-        write_page(output)
         update_analysis(output)
+        write_page(output)  # it shows the analysis
     failed = [r for r in reports if r.status == "failed"]
     if failed:
         rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
@@ -163,15 +163,21 @@ def _distinct_tasks(specs: list[TaskSpec]) -> list[TaskSpec]:
 
 
 def record_series(output: Path, study: Study) -> None:
-    """Add the study's series (each recipe's checkpoints, with their steps and tokens) to
-    OUTPUT/series.json, keeping those of earlier commands: `softeval analyze` reads it."""
+    """Add the study's series (each recipe's checkpoints, with their steps and tokens, and how its
+    reference is evaluated) to OUTPUT/series.json, keeping those of earlier commands: `softeval
+    analyze` reads it."""
     if not study.series:
         return
-    path = output / SERIES_FILE
-    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    from softeval.analysis import Reference, read_series
+
+    known = read_series(output) if (output / SERIES_FILE).is_file() else {}
+    evaluated = study.reference or Reference()
     for series in study.series:
-        known[series.name] = series.points()
-    write_json_atomic(path, known)
+        reference = None
+        if series.reference is not None:
+            reference = {"model": model_name(series.reference), "method": evaluated.method, "chat": evaluated.chat}
+        known[series.name] = {"checkpoints": series.points(), "reference": reference}
+    write_json_atomic(output / SERIES_FILE, known)
 
 
 def record_models(output: Path, models: list[ModelEntry]) -> None:

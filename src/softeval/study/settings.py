@@ -52,7 +52,9 @@ class SeriesEntry(BaseModel):
     `softeval analyze`. The checkpoints are a hub model's `revisions`, or `checkpoints`: a training
     run's folder, a glob of model folders, or a list of folders and hub ids. A checkpoint's step is
     read from its name (`checkpoint-500`, `step1000`, `stage1-step10000-tokens21B`), its tokens
-    from its name where it holds them, else as `tokens_per_step` times its step."""
+    from its name where it holds them, else as `tokens_per_step` times its step. `reference` is the
+    recipe's post-trained model: the study evaluates it as the ranking's reference (by default
+    zero-shot with its chat template), and the analysis orders the recipes by it."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -60,6 +62,7 @@ class SeriesEntry(BaseModel):
     revisions: list[str] | None = Field(None, min_length=1)
     checkpoints: str | list[str] | None = None
     tokens_per_step: float | None = Field(None, gt=0)
+    reference: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> SeriesEntry:
@@ -185,6 +188,10 @@ class Study(BaseModel):
         listed = {entry.model for entry in self.models}
         for series in self.series:
             self.models += [ModelEntry(model=spec, role="base") for spec in series.specs() if spec not in listed]
+            if series.reference is not None and series.reference not in listed | {entry.model for entry in self.models}:
+                self.models.append(ModelEntry(model=series.reference, role="post-trained"))
+        if any(s.reference for s in self.series) and (self.reference or Reference()).chat and not self.chat:
+            raise ValueError("a series' reference is evaluated with its chat template: set chat: true (or reference.chat: false)")
         names = [series.name for series in self.series]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
