@@ -139,6 +139,14 @@ def _read(spec: TaskSpec, split: str, data_dir: str | Path | None) -> tuple[Path
     key = _source_key(source)
     if key not in _ROWS:
         _remember(_ROWS, key, _read_hub(spec, split) if isinstance(source, str) else _read_file(source))
+    if spec.lm_eval is None:
+        return source, key, _ROWS[key]
+    # an lm-eval task's rows are lm-eval's documents, with what lm-eval computes of each
+    key = (*key, spec.lm_eval.task, spec.lm_eval.version)
+    if key not in _ROWS:
+        from softeval.tasks.lm_eval import lm_eval_docs
+
+        _remember(_ROWS, key, lm_eval_docs(spec.lm_eval.task, split, _ROWS[key[:-2]]))
     return source, key, _ROWS[key]
 
 

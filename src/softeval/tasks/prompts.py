@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from softeval.errors import SoftevalError
 from softeval.formats import Example
 from softeval.models import LoadedModel
 from softeval.tasks.spec import TaskSpec
@@ -80,6 +81,9 @@ class PromptBuilder:
         self.demo_pool = demos or []
         self.demo_split = spec.dataset.fewshot_split
         self.budget = lm.context_length - reserve
+        if self.budget < 1:
+            raise SoftevalError(f"model {lm.name} reads {lm.context_length} tokens, and task {spec.name} keeps {reserve} of them for new tokens "
+                                "and a soft prompt: no room is left for a prompt; use a model with a longer context, or a smaller max_new_tokens")
         # tokens per demonstration by (id, cloze): examples are unhashable, and the pool outlives the cache
         self._costs: dict[tuple[int, bool], int] = {}
 

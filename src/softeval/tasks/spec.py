@@ -48,6 +48,15 @@ class DatasetSpec(BaseModel):
     data_files: dict[str, str] | None = None
 
 
+class LmEvalSource(BaseModel):
+    """A task built from lm-evaluation-harness's configuration of it (see `lm_eval.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str
+    version: str  # lm-eval's, and the task's own: either may change what a row becomes
+    task_version: str
+
+
 class ChoicesFrom(BaseModel):
     """Options built from separate columns: the correct answer placed among the distractors."""
 
@@ -105,6 +114,7 @@ class TaskSpec(BaseModel):
     cloze_normalization: ClozeNormalization = Field(
         "characters", description="multiple choice, knowledge: option log-likelihoods per character (acc_norm) or summed (none: acc)"
     )
+    lm_eval: LmEvalSource | None = None  # rows become lm-eval's documents first
     source_file: str | None = None  # where the spec was read from
     # short_answer without max_answer_words: (words, how they were found) from the gold answers,
     # once `data.with_answer_words` has read them; not part of what the spec says
@@ -227,7 +237,15 @@ def builtin_tasks() -> list[str]:
 
 
 def load_task(name_or_path: str | Path) -> TaskSpec:
-    """A built-in task by name, or a user spec by path to its YAML file."""
+    """A built-in task by name, a task of lm-evaluation-harness (`lm-eval:NAME`), or a user spec
+    by path to its YAML file."""
+    from softeval.tasks.lm_eval import is_lm_eval_task, lm_eval_spec
+
+    if is_lm_eval_task(str(name_or_path)):
+        try:
+            return TaskSpec(**lm_eval_spec(str(name_or_path)))
+        except ValidationError as exc:
+            raise SoftevalError(f"task {name_or_path}: {validation_problem(exc, TaskSpec)}") from exc
     path = _spec_file(name_or_path)
     raw = _read_spec(path, seen=())
     try:
@@ -244,7 +262,8 @@ def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Pat
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         raise SoftevalError(
-            f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, or give a path to a task YAML"
+            f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, lm-eval:NAME for a task of lm-evaluation-harness, "
+            "or give a path to a task YAML"
         )
     path = relative_to / path if relative_to is not None and not path.is_absolute() else path
     if not path.is_file():

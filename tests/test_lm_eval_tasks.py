@@ -1,0 +1,157 @@
+"""Tasks of lm-evaluation-harness as softeval tasks (`--task lm-eval:NAME`): built through lm-eval's
+own registry, read offline from mirror-layout data, scored as lm-eval scores them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from softeval.cli import app
+from softeval.errors import SoftevalError
+
+lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'softeval[lm-eval]')")
+
+# rows in each dataset's own schema, for the datasets the shared mirror lacks
+SYNTHETIC = {
+    "Rowan/hellaswag/default": lambda i: {"ind": i, "activity_label": "Cooking", "ctx_a": f"A cook cracks {i + 2} eggs into a bowl.",
+                                          "ctx_b": "then she", "ctx": "", "endings": ["whisks them.", "sings [title] loudly.", "sleeps.", "runs off."],
+                                          "source_id": "x", "split": "val", "split_type": "indomain", "label": "0"},
+    "baber/piqa/default": lambda i: {"goal": f"Keep {i + 2} apples fresh", "sol1": "Store them in a cool place.", "sol2": "Leave them in the sun.",
+                                     "label": 0},
+    "allenai/winogrande/winogrande_xl": lambda i: {"sentence": f"The cup did not fit in the box because the _ was {i + 2} cm too big.",
+                                                    "option1": "cup", "option2": "box", "answer": "1"},
+    "allenai/openbookqa/main": lambda i: {"id": str(i), "question_stem": f"Which of these conducts heat best ({i})?",
+                                          "choices": {"text": ["metal", "wood", "air", "wool"], "label": ["A", "B", "C", "D"]}, "answerKey": "A"},
+    "allenai/sciq/default": lambda i: {"question": f"What do plants take in ({i})?", "distractor1": "oxygen", "distractor2": "helium",
+                                       "distractor3": "neon", "correct_answer": "carbon dioxide", "support": "Plants take in carbon dioxide."},
+    "lighteval/siqa/default": lambda i: {"context": f"Alex gave Sam {i + 2} books.", "question": "How would Sam feel?",
+                                         "answerA": "grateful", "answerB": "angry", "answerC": "bored", "label": "1"},
+    "aps/super_glue/boolq": lambda i: {"question": f"is water wet {i}", "passage": "Water is a liquid.", "idx": i, "label": 1},
+    "cais/mmlu/astronomy": lambda i: {"question": f"How many planets orbit the Sun ({i})?", "subject": "astronomy",
+                                      "choices": ["7", "8", "9", "10"], "answer": 1},
+}
+SPLITS = ("train", "validation", "test", "dev")
+# the tasks of lm-eval's registry that must run offline, with the mirror folder each reads
+REGISTRY_TASKS = {
+    "arc_easy": "allenai/ai2_arc/ARC-Easy", "arc_challenge": "allenai/ai2_arc/ARC-Challenge", "hellaswag": "Rowan/hellaswag/default",
+    "piqa": "baber/piqa/default", "winogrande": "allenai/winogrande/winogrande_xl", "openbookqa": "allenai/openbookqa/main",
+    "sciq": "allenai/sciq/default", "social_iqa": "lighteval/siqa/default", "mmlu_astronomy": "cais/mmlu/astronomy",
+    "boolq": "aps/super_glue/boolq", "commonsense_qa": "tau/commonsense_qa/default", "gsm8k": "openai/gsm8k/main",
+}
+
+
+@pytest.fixture(scope="module")
+def lm_eval_mirror(tmp_path_factory, mirror) -> Path:
+    """A mirror-layout folder: the first rows of the shared mirror's splits, and synthetic rows in
+    their own schema for the datasets it lacks."""
+    root = tmp_path_factory.mktemp("lm-eval-mirror")
+    for folder in REGISTRY_TASKS.values():
+        (root / folder).mkdir(parents=True)
+        for split in SPLITS:
+            if folder in SYNTHETIC:
+                lines = [json.dumps(SYNTHETIC[folder](i + 100 * SPLITS.index(split))) for i in range(6)]  # other rows in each split
+            elif (mirror / folder / f"{split}.jsonl").is_file():
+                lines = (mirror / folder / f"{split}.jsonl").read_text().split("\n")[:24]
+            else:
+                continue
+            (root / folder / f"{split}.jsonl").write_text("\n".join(line for line in lines if line.strip()) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY_TASKS))
+def test_a_registry_task_reads_its_mirror_rows_as_lm_eval_makes_them(name, lm_eval_mirror):
+    from softeval.tasks import load_examples, load_task
+    from softeval.tasks.prompts import question_text, target_text
+
+    spec = load_task(f"lm-eval:{name}")
+    assert spec.lm_eval.task == name and spec.name == f"lm-eval-{name}"
+    for split in {spec.dataset.eval_split, spec.dataset.tune_split}:
+        examples = load_examples(spec, split, lm_eval_mirror)
+        assert examples
+    example = examples[0]
+    config = lm_eval.tasks.TaskManager().task_index[name]
+    prompt = question_text(spec, example)
+    if spec.is_multiple_choice:  # every option is shown above the answer cue, and the gold letter is lm-eval's target
+        assert all(choice in prompt for choice in (example.choices or [])) and prompt.rstrip().endswith(":")
+        assert target_text(spec, example) == f" {example.answer}"
+    else:
+        assert prompt.startswith("Question:") and example.answer
+    assert config.yaml_path is not None
+
+
+def test_knowledge_equals_lm_evals_acc_norm_on_the_same_rows(tmp_path, lm_eval_mirror, tiny_model_dirs):
+    """The same tiny model, the same ARC-Easy rows: softeval's zero-shot knowledge of
+    `lm-eval:arc_easy` is lm-eval's own acc_norm, row by row."""
+    from lm_eval.tasks import TaskManager
+
+    model = tiny_model_dirs["llama"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "--model", str(model), "--task", "lm-eval:arc_easy", "--method", "zero-shot",
+                                      "--data-dir", str(lm_eval_mirror), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    cell = out / model.name / "lm-eval-arc_easy" / "zero-shot"
+    ours = [json.loads(line) for line in (cell / "samples.jsonl").read_text().splitlines()]
+    knowledge = json.loads((cell / "results.json").read_text())["metrics"]["knowledge"]["value"]
+
+    data = lm_eval_mirror / "allenai/ai2_arc/ARC-Easy/test.jsonl"
+    arc_easy = TaskManager().task_index["arc_easy"].yaml_path
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "arc_easy_rows.yaml").write_text(
+        f"include: {arc_easy}\ntask: arc_easy_rows\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntraining_split: null\nvalidation_split: null\ntest_split: test\n"
+    )
+    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model},dtype=float32", tasks=["arc_easy_rows"],
+                                     task_manager=TaskManager(include_path=str(tmp_path / "tasks")), batch_size=4, device="cpu", log_samples=True)
+    per_row = {s["doc_id"]: s["acc_norm"] for s in theirs["samples"]["arc_easy_rows"]}
+    assert len(ours) == len(per_row) == 24
+    assert [bool(s["knowledge_correct"]) for s in sorted(ours, key=lambda s: s["index"])] == [bool(per_row[i]) for i in range(24)]
+    assert knowledge == pytest.approx(theirs["results"]["arc_easy_rows"]["acc_norm,none"], abs=1e-6)  # results.json keeps 6 decimals
+
+
+def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirror, tokenizer_dirs):
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import TUNING, tiny_config
+
+    # lm-eval keeps 256 tokens free for a generated answer: a tiny llama of a longer context
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+    config = tiny_config("llama", len(tokenizer), tokenizer)
+    config.max_position_embeddings = 1024
+    model = tmp_path / "tiny-long"
+    AutoModelForCausalLM.from_config(config).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    study = {"models": [str(model)], "tasks": ["lm-eval:arc_easy", "lm-eval:gsm8k", "lm-eval:winogrande"],
+             "methods": ["zero-shot", "few-shot", "soft-prompt"], "k": 2, "limit": 6, "tuning": TUNING}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--data-dir", str(lm_eval_mirror), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    for task in ("lm-eval-arc_easy", "lm-eval-gsm8k", "lm-eval-winogrande"):
+        for method in ("zero-shot", "few-shot", "soft-prompt"):
+            saved = json.loads((out / "tiny-long" / task / method / "results.json").read_text())
+            assert saved["config"]["task"] == task and saved["n_examples"] == 6
+    samples = [json.loads(line) for line in (out / "tiny-long" / "lm-eval-winogrande" / "zero-shot" / "samples.jsonl").read_text().splitlines()]
+    assert all(s["gold"] in ("A", "B") for s in samples)  # partial scoring: two options, each a context
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("lm-eval:no_such_task", r"^unknown lm-eval task 'no_such_task'"),
+        ("lm-eval:mmlu", r"^lm-eval 'mmlu' is a group of tasks; give its tasks one by one \(such as mmlu_"),
+        ("lm-eval:squadv2", r"^lm-eval defines task 'squadv2' with code of its own \(a task class or a custom dataset\), which softeval cannot use$"),
+        ("lm-eval:wikitext", r"^lm-eval task 'wikitext' is a loglikelihood_rolling task; softeval evaluates multiple-choice and generation tasks$"),
+        ("lm-eval:arc_easy:number", r"^lm-eval task 'arc_easy' is multiple choice: answer it as multiple_choice or option_text, not 'number'$"),
+        ("lm-eval:babi", r"^lm-eval task 'babi' generates text; name its answer format: lm-eval:babi:FORMAT"),
+    ],
+)
+def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
+    from softeval.tasks import load_task
+
+    with pytest.raises(SoftevalError, match=message) as caught:
+        load_task(name)
+    assert "\n" not in str(caught.value)
