@@ -155,3 +155,11 @@ def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
     with pytest.raises(SoftevalError, match=message) as caught:
         load_task(name)
     assert "\n" not in str(caught.value)
+
+
+def test_the_user_sees_one_line_for_a_group(monkeypatch, capsys, tmp_path, tiny_model_dirs):
+    from test_bad_input import user_sees
+
+    err = user_sees(monkeypatch, capsys, "eval", "--model", tiny_model_dirs["llama"], "--task", "lm-eval:mmlu", "--output", tmp_path / "out")
+    assert err.startswith("error: lm-eval 'mmlu' is a group of tasks; give its tasks one by one (such as mmlu_")
+    assert not (tmp_path / "out").exists()
