@@ -4,7 +4,8 @@
 Two tiny llamas (the SmolLM2 tokenizer, hidden 64, 2 layers) are trained from the same seed for
 --steps steps of --batch sequences of --length tokens on different data mixes built from the
 benchmark mirror's training splits: `qa` on TriviaQA questions with their answers, `science` on
-ARC-Easy questions with their correct answers. Each saves a checkpoint every --every steps. A
+ARC-Easy questions with their correct answers, both over a shared base of CommonsenseQA questions
+with lettered options. Each saves a checkpoint every --every steps. A
 study evaluates every checkpoint on --task (ARC-Easy answered by letter: a format a soft prompt can
 teach even a tiny model), zero-shot, few-shot and soft-prompted, and `softeval analyze` compares
 the recipes; with --warm the soft prompts are warm-started too, and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -29,15 +31,27 @@ from softeval.models import prepare_alias
 
 
 def texts(data_dir: Path, recipe: str) -> list[str]:
+    """A recipe's pre-training texts, in a seeded order: its own domain (TriviaQA or ARC-Easy
+    questions with their answers) over a base both recipes share, CommonsenseQA questions with
+    lettered options and the answer's letter (exam text, as web data holds), so that a model can
+    learn what a lettered answer is."""
+    def rows(path: Path) -> list[dict]:
+        # split on newlines only: U+2028 and friends may sit inside a JSON string
+        return [json.loads(line) for line in path.read_text().split("\n")[:20000] if line.strip()]
+
+    base = [f"Question: {r['question']}\n" + "".join(f"{label}. {text}\n" for label, text in zip(r["choices"]["label"], r["choices"]["text"]))
+            + f"Answer: {r['answerKey']}\n" for r in rows(data_dir / "tau/commonsense_qa/default/train.jsonl")]
     if recipe == "qa":
         path = data_dir / "mandarjoshi/trivia_qa/rc.nocontext/train.jsonl"
         if not path.is_file():
             path = data_dir / "mandarjoshi/trivia_qa/rc.nocontext/validation.jsonl"
-        # split on newlines only: U+2028 and friends may sit inside a JSON string
-        rows = [json.loads(line) for line in path.read_text().split("\n")[:20000] if line.strip()]
-        return [f"Question: {r['question']}\nAnswer: {r['answer']['value']}\n" for r in rows]
-    rows = [json.loads(line) for line in (data_dir / "allenai/ai2_arc/ARC-Easy/train.jsonl").read_text().split("\n") if line.strip()]
-    return [f"Question: {r['question']}\nAnswer: {r['choices']['text'][r['choices']['label'].index(r['answerKey'])]}\n" for r in rows]
+        domain = [f"Question: {r['question']}\nAnswer: {r['answer']['value']}\n" for r in rows(path)]
+    else:
+        domain = [f"Question: {r['question']}\nAnswer: {r['choices']['text'][r['choices']['label'].index(r['answerKey'])]}\n"
+                  for r in rows(data_dir / "allenai/ai2_arc/ARC-Easy/train.jsonl")]
+    mixed = base + domain
+    random.Random(0).shuffle(mixed)
+    return mixed
 
 
 def pretrain(recipe: str, data_dir: Path, out: Path, steps: int, every: int, batch: int, length: int, seed: int, *,

@@ -154,6 +154,8 @@ Tasks = Annotated[list[str], typer.Option("--task", help="Built-in task name or 
 Chat = Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")]
 Force = Annotated[bool, typer.Option(help="Redo finished cells (and their tuning) instead of skipping them.")]
 Ray = Annotated[str | None, typer.Option(help="Run each (model, task) on Ray: --ray alone (or 'local') starts a local cluster; or give a cluster's address.")]
+Wandb = Annotated[str | None, typer.Option("--wandb", metavar="PROJECT", help="Also log the results to this W&B project (needs the wandb package).")]
+Mlflow = Annotated[str | None, typer.Option("--mlflow", metavar="URI", help="Also log the results to the MLflow tracking server or store at URI (needs the mlflow package).")]
 TUNE = TuneConfig()  # the command line's tuning defaults are the library's
 
 
@@ -212,6 +214,30 @@ def finish(output: Path, reports) -> None:
     stdout.print(f"report: {output / PAGE}", highlight=False)
 
 
+def run_logged(study: Study, output: Path, wandb: str | None, mlflow: str | None, **run):
+    """run_study, then the folder logged to the trackers asked for (--wandb, --mlflow), also when
+    some cells failed: the finished ones are kept, so they are logged too."""
+    if not (wandb or mlflow):
+        return run_study(study, output=output, **run)
+    from softeval.reports import PAGE, check_trackers, log_to_trackers
+
+    check_trackers(wandb=wandb, mlflow=mlflow)  # a missing package is told before the study, not after it
+    page = output / PAGE
+    before = page.stat().st_mtime_ns if page.is_file() else None
+    try:
+        reports = run_study(study, output=output, **run)
+    except SoftevalError as exc:
+        # the page is rewritten once the cells have run and some finished: only then is there a run to log
+        if page.is_file() and page.stat().st_mtime_ns != before:
+            try:
+                log_to_trackers(output, wandb=wandb, mlflow=mlflow, failure=str(exc))
+            except SoftevalError as tracking:  # the study's error is the one that ends the command
+                log.error("%s", tracking)
+        raise
+    log_to_trackers(output, wandb=wandb, mlflow=mlflow)
+    return reports
+
+
 @app.command("eval")
 def eval_command(
     model: Models,
@@ -227,6 +253,8 @@ def eval_command(
     force: Force = False,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
+    wandb: Wandb = None,
+    mlflow: Mlflow = None,
 ) -> None:
     """Evaluate models on tasks zero-shot, few-shot or with a given soft prompt; nothing is tuned."""
     methods = methods_list(method)
@@ -239,7 +267,7 @@ def eval_command(
     study = validated(
         Study, models=[{"model": m} for m in model], tasks=task, methods=methods, chat=chat, k=k, limit=limit, seed=seed, batch_size=batch_size,
     )
-    finish(output, run_study(study, output=output, prompt=prompt, data_dir=data_dir, cache_dir=cache_dir, force=force))
+    finish(output, run_logged(study, output, wandb, mlflow, prompt=prompt, data_dir=data_dir, cache_dir=cache_dir, force=force))
 
 
 @app.command("run")
@@ -268,6 +296,8 @@ def run_command(
     ray: Ray = None,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
+    wandb: Wandb = None,
+    mlflow: Mlflow = None,
 ) -> None:
     """Tune soft prompts and LoRA adapters where needed, evaluate every method, compare them."""
     study = validated(
@@ -276,7 +306,7 @@ def run_command(
         tuning={"steps": steps, "batch_size": tune_batch_size, "lr": lr, "length": length, "eval_every": eval_every, "val_size": val_size},
         lora={"rank": lora_rank, "lr": lora_lr, "targets": _split(lora_targets) if lora_targets else None},
     )
-    finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
+    finish(output, run_logged(study, output, wandb, mlflow, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
 
 
 @app.command("study")
@@ -287,10 +317,12 @@ def study_command(
     ray: Ray = None,
     data_dir: DataDir = None,
     cache_dir: CacheDir = None,
+    wandb: Wandb = None,
+    mlflow: Mlflow = None,
 ) -> None:
     """Run a study file's grid, then rank base models against post-trained ones where pairs exist."""
     study = load_study(study_file)
-    finish(output, run_study(study, output=output, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
+    finish(output, run_logged(study, output, wandb, mlflow, data_dir=data_dir, cache_dir=cache_dir, force=force, ray=ray))
     if (output / "ranking.json").is_file():  # the study ranked its families: show it
         from softeval.reports import ranking_table
 
@@ -355,6 +387,19 @@ def report_command(folder: Annotated[Path, typer.Argument(help="An output folder
         raise SoftevalError(f"{folder} holds no finished cells (OUTPUT/<model>/<task>/<method>/results.json); run softeval eval, run or study into it")
     write_comparison(folder)
     stdout.print(f"report: {write_page(folder)}", highlight=False)
+
+
+@app.command("export")
+def export_command(
+    folder: Annotated[Path, typer.Argument(help="An output folder of softeval eval, run or study.")],
+    fmt: Annotated[str, typer.Option("--format", help="eee (Every Eval Ever 0.3.0 logs and samples) or lm-eval (lm-evaluation-harness results and samples).")],
+    output: Annotated[Path | None, typer.Option(help="Where the files go (default: FOLDER/export/<format>/).")] = None,
+) -> None:
+    """Write the folder's finished cells in another tool's format, every metric with its interval."""
+    from softeval.reports import export_folder  # checks the format and the folder before writing
+
+    written = export_folder(folder, fmt, output)
+    stdout.print(f"wrote {len(written)} files to {output or folder / 'export' / fmt}", highlight=False)
 
 
 def show_ranking(folder: Path, reference: Reference) -> None:
