@@ -136,6 +136,11 @@ def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirr
             assert saved["config"]["task"] == task and saved["n_examples"] == 6
     samples = [json.loads(line) for line in (out / "tiny-long" / "lm-eval-winogrande" / "zero-shot" / "samples.jsonl").read_text().splitlines()]
     assert all(s["gold"] in ("A", "B") for s in samples)  # partial scoring: two options, each a context
+    # exported for lm-eval's tools under lm-eval's own metric names: acc_norm where lm-eval reports it
+    result = CliRunner().invoke(app, ["export", str(out), "--format", "lm-eval"])
+    assert result.exit_code == 0, result.output
+    exported = json.loads(next((out / "export" / "lm-eval").glob("*__zero-shot/results_*.json")).read_text())["results"]
+    assert "knowledge,acc_norm" in exported["lm-eval-arc_easy"] and "knowledge,acc" in exported["lm-eval-winogrande"]
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ class TaskSpec(BaseModel):
         "characters", description="multiple choice, knowledge: option log-likelihoods per character (acc_norm) or summed (none: acc)"
     )
     lm_eval: LmEvalSource | None = None  # rows become lm-eval's documents first
-    source_file: str | None = None  # where the spec was read from
+    source_file: str | None = None  # where the spec was read from: its file, or lm-eval:NAME
     # short_answer without max_answer_words: (words, how they were found) from the gold answers,
     # once `data.with_answer_words` has read them; not part of what the spec says
     _answer_words: tuple[int, str] | None = PrivateAttr(None)
@@ -243,7 +243,7 @@ def load_task(name_or_path: str | Path) -> TaskSpec:
 
     if is_lm_eval_task(str(name_or_path)):
         try:
-            return TaskSpec(**lm_eval_spec(str(name_or_path)))
+            return TaskSpec(**lm_eval_spec(str(name_or_path)), source_file=str(name_or_path))
         except ValidationError as exc:
             raise SoftevalError(f"task {name_or_path}: {validation_problem(exc, TaskSpec)}") from exc
     path = _spec_file(name_or_path)
