@@ -25,8 +25,10 @@ SYNTHETIC = {
                                                     "option1": "cup", "option2": "box", "answer": "1"},
     "allenai/openbookqa/main": lambda i: {"id": str(i), "question_stem": f"Which of these conducts heat best ({i})?",
                                           "choices": {"text": ["metal", "wood", "air", "wool"], "label": ["A", "B", "C", "D"]}, "answerKey": "A"},
-    "allenai/sciq/default": lambda i: {"question": f"What do plants take in ({i})?", "distractor1": "oxygen", "distractor2": "helium",
-                                       "distractor3": "neon", "correct_answer": "carbon dioxide", "support": "Plants take in carbon dioxide."},
+    "allenai/sciq/default": lambda i: {"question": f"What do plants take in ({i})?", "distractor1": f"oxygen {i}", "distractor2": f"helium {i}",
+                                       "distractor3": f"neon {i}", "correct_answer": f"carbon dioxide {i}", "support": "Plants take in carbon dioxide."},
+    "EleutherAI/hendrycks_math/algebra": lambda i: {"problem": f"What is ${i} + 2$?", "level": "Level 1", "type": "Algebra",
+                                                    "solution": f"Adding, ${i} + 2 = \\boxed{{{i + 2}}}$."},
     "lighteval/siqa/default": lambda i: {"context": f"Alex gave Sam {i + 2} books.", "question": "How would Sam feel?",
                                          "answerA": "grateful", "answerB": "angry", "answerC": "bored", "label": "1"},
     "aps/super_glue/boolq": lambda i: {"question": f"is water wet {i}", "passage": "Water is a liquid.", "idx": i, "label": 1},
@@ -40,6 +42,9 @@ REGISTRY_TASKS = {
     "piqa": "baber/piqa/default", "winogrande": "allenai/winogrande/winogrande_xl", "openbookqa": "allenai/openbookqa/main",
     "sciq": "allenai/sciq/default", "social_iqa": "lighteval/siqa/default", "mmlu_astronomy": "cais/mmlu/astronomy",
     "boolq": "aps/super_glue/boolq", "commonsense_qa": "tau/commonsense_qa/default", "gsm8k": "openai/gsm8k/main",
+    # generation tasks of each known answer format (NQ-open's mirror folder is its one config, nq_open)
+    "triviaqa": "mandarjoshi/trivia_qa/rc.nocontext", "nq_open": "google-research-datasets/nq_open/nq_open",
+    "hendrycks_math_algebra": "EleutherAI/hendrycks_math/algebra",
 }
 
 
@@ -63,6 +68,7 @@ def lm_eval_mirror(tmp_path_factory, mirror) -> Path:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY_TASKS))
 def test_a_registry_task_reads_its_mirror_rows_as_lm_eval_makes_them(name, lm_eval_mirror):
+    from softeval.scoring import score_sample
     from softeval.tasks import load_examples, load_task
     from softeval.tasks.prompts import question_text, target_text
 
@@ -71,44 +77,57 @@ def test_a_registry_task_reads_its_mirror_rows_as_lm_eval_makes_them(name, lm_ev
     for split in {spec.dataset.eval_split, spec.dataset.tune_split}:
         examples = load_examples(spec, split, lm_eval_mirror)
         assert examples
-    example = examples[0]
-    config = lm_eval.tasks.TaskManager().task_index[name]
-    prompt = question_text(spec, example)
-    if spec.is_multiple_choice:  # every option is shown above the answer cue, and the gold letter is lm-eval's target
-        assert all(choice in prompt for choice in (example.choices or [])) and prompt.rstrip().endswith(":")
-        assert target_text(spec, example) == f" {example.answer}"
-    else:
-        assert prompt.startswith("Question:") and example.answer
-    assert config.yaml_path is not None
+    for example in examples:
+        prompt = question_text(spec, example)
+        if spec.is_multiple_choice:  # every option is shown above the answer cue
+            assert all(choice in prompt for choice in (example.choices or [])) and prompt.rstrip().endswith(":")
+        # the tuning target, read by the task's own answer format, is right: a prompt tuned towards it learns the format
+        judged = score_sample(spec.format, example, target_text(spec, example).strip(), None)
+        assert judged.format_ok and judged.task_correct, (example.source, target_text(spec, example))
+    if name == "sciq":  # lm-eval's answer is always the last option: shown in an order of their own, it is not
+        assert len({e.answer for e in examples}) > 1 and all(e.choices[e.answer_index].startswith("carbon dioxide") for e in examples)
 
 
-def test_knowledge_equals_lm_evals_acc_norm_on_the_same_rows(tmp_path, lm_eval_mirror, tiny_model_dirs):
-    """The same tiny model, the same ARC-Easy rows: softeval's zero-shot knowledge of
-    `lm-eval:arc_easy` is lm-eval's own acc_norm, row by row."""
+@pytest.mark.parametrize(
+    ("name", "metric"),
+    [
+        ("arc_easy", "acc_norm"),  # options after lm-eval's prompt, per character
+        ("hellaswag", "acc_norm"),  # rows made into documents by lm-eval's own process_docs
+        ("mmlu_astronomy", "acc"),  # lm-eval's description before its prompt; its options are letters
+        ("winogrande", "acc"),  # partial scoring: each option a context, one continuation
+    ],
+)
+def test_knowledge_equals_lm_evals_own_metric_on_the_same_rows(name, metric, tmp_path, lm_eval_mirror, tiny_model_dirs):
+    """The same tiny model, the same rows: softeval's zero-shot knowledge of `lm-eval:NAME` is
+    lm-eval's own acc_norm (or acc, where that is all lm-eval reports), row by row."""
     from lm_eval.tasks import TaskManager
+
+    from softeval.tasks import load_task
 
     model = tiny_model_dirs["llama"]
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["eval", "--model", str(model), "--task", "lm-eval:arc_easy", "--method", "zero-shot",
+    result = CliRunner().invoke(app, ["eval", "--model", str(model), "--task", f"lm-eval:{name}", "--method", "zero-shot",
                                       "--data-dir", str(lm_eval_mirror), "--output", str(out)])
     assert result.exit_code == 0, result.output
-    cell = out / model.name / "lm-eval-arc_easy" / "zero-shot"
+    cell = out / model.name / f"lm-eval-{name}" / "zero-shot"
     ours = [json.loads(line) for line in (cell / "samples.jsonl").read_text().splitlines()]
     knowledge = json.loads((cell / "results.json").read_text())["metrics"]["knowledge"]["value"]
 
-    data = lm_eval_mirror / "allenai/ai2_arc/ARC-Easy/test.jsonl"
-    arc_easy = TaskManager().task_index["arc_easy"].yaml_path
+    # lm-eval runs its own registered task on the file softeval evaluated
+    split = load_task(f"lm-eval:{name}").dataset.eval_split
+    data = lm_eval_mirror / REGISTRY_TASKS[name] / f"{split}.jsonl"
+    registered = TaskManager().task_index[name].yaml_path
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "arc_easy_rows.yaml").write_text(
-        f"include: {arc_easy}\ntask: arc_easy_rows\ndataset_path: json\ndataset_name: null\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntraining_split: null\nvalidation_split: null\ntest_split: test\n"
+    (tmp_path / "tasks" / "rows.yaml").write_text(
+        f"include: {registered}\ntask: {name}_rows\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\ntraining_split: null\nvalidation_split: null\ntest_split: test\nfewshot_split: null\n"
     )
-    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model},dtype=float32", tasks=["arc_easy_rows"],
+    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model},dtype=float32", tasks=[f"{name}_rows"],
                                      task_manager=TaskManager(include_path=str(tmp_path / "tasks")), batch_size=4, device="cpu", log_samples=True)
-    per_row = {s["doc_id"]: s["acc_norm"] for s in theirs["samples"]["arc_easy_rows"]}
-    assert len(ours) == len(per_row) == 24
-    assert [bool(s["knowledge_correct"]) for s in sorted(ours, key=lambda s: s["index"])] == [bool(per_row[i]) for i in range(24)]
-    assert knowledge == pytest.approx(theirs["results"]["arc_easy_rows"]["acc_norm,none"], abs=1e-6)  # results.json keeps 6 decimals
+    per_row = {s["doc_id"]: s[metric] for s in theirs["samples"][f"{name}_rows"]}
+    assert len(ours) == len(per_row) and len(ours) >= 6
+    assert [bool(s["knowledge_correct"]) for s in sorted(ours, key=lambda s: s["index"])] == [bool(per_row[i]) for i in range(len(per_row))]
+    assert knowledge == pytest.approx(theirs["results"][f"{name}_rows"][f"{metric},none"], abs=1e-6)  # results.json keeps 6 decimals
 
 
 def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirror, tokenizer_dirs):

@@ -180,7 +180,14 @@ def split_source(spec: TaskSpec, split: str, data_dir: str | Path | None) -> Pat
 
 
 def mirror_path(spec: TaskSpec, split: str, root: Path) -> Path:
-    return root / spec.dataset.path / (spec.dataset.config or "default") / f"{split}.jsonl"
+    """ROOT/<path>/<config>/<split>.jsonl; a spec without a config reads `default`, or the data
+    set's one config where the mirror holds one alone (as the hub's default config is read)."""
+    folder = root / spec.dataset.path
+    config = spec.dataset.config
+    if config is None:
+        configs = [f.name for f in folder.iterdir() if f.is_dir()] if folder.is_dir() else []
+        config = configs[0] if len(configs) == 1 and not (folder / "default").is_dir() else "default"
+    return folder / config / f"{split}.jsonl"
 
 
 def data_identity(spec: TaskSpec, split: str, data_dir: str | Path | None) -> dict:

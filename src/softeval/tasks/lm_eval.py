@@ -21,6 +21,7 @@ lm-eval is an optional dependency: `pip install 'softeval[lm-eval]'`.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from functools import cache
 
@@ -82,9 +83,10 @@ def _choice_spec(config: dict, answer_format: str) -> dict:
         "instruction": (description + "\n" if description else "") + f"Answer with {ask}.",
         # the options above the answer cue, unless lm-eval's prompt lists them already (MMLU's
         # options are its letters)
-        "template": "{{ lm_eval_text if lm_eval_lists_options else lm_eval_stem ~ '\n' ~ " + shown + " ~ '\n' ~ lm_eval_cue }}",
-        # lm-eval's own context: options are scored after it as lm-eval scores them
+        "template": "{{ lm_eval_text if lm_eval_lists_options else (lm_eval_stem ~ '\n' ~ " + shown + " ~ '\n' ~ lm_eval_cue) }}",
+        # lm-eval's own context, after its description: options are scored as lm-eval scores them
         "cloze_template": "{{ cloze_context if cloze_context is defined else lm_eval_text }}",
+        "cloze_instruction": description,
         "target": target,
         "stop": ["\n"],
         "max_new_tokens": 8 if answer_format == "multiple_choice" else 48,
@@ -101,7 +103,9 @@ def _generation_spec(config: dict, answer_format: str) -> dict:
         "fields": fields,
         "instruction": (config.get("description") or "").strip(),
         "template": "{{ lm_eval_text }}",
-        "target": (config.get("target_delimiter", " ") or "") + "{{ lm_eval_target }}",
+        # a MATH answer is read from \\boxed{}: the target writes it so
+        "target": (config.get("target_delimiter", " ") or "")
+        + ("\\boxed{{ '{' }}{{ lm_eval_answer }}{{ '}' }}" if answer_format == "math" else "{{ lm_eval_target }}"),
         "stop": [until] if isinstance(until, str) else list(until),
         "max_new_tokens": int(generation.get("max_gen_toks", 256)),
     }
@@ -144,11 +148,13 @@ def _task_manager():
 
 @cache
 def _config(task_name: str) -> dict:
-    """lm-eval's configuration of a task, its includes merged and its `!function`s resolved."""
+    """lm-eval's configuration of a task, its includes merged and its `!function`s resolved.
+    (`_index` and `_yaml_loader` are lm-eval's own modules, the ones its task manager reads
+    configurations with: hence the pin below 0.5.)"""
+    manager = _task_manager()  # first: it tells how to install lm-eval where it is missing
     from lm_eval.tasks._index import Kind
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    manager = _task_manager()
     entry = manager.task_index.get(task_name)
     if entry is None:
         close = sorted(t for t in manager.all_tasks if task_name in t)[:5]
@@ -185,10 +191,12 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
     lm_eval_log.setLevel(logging.ERROR)  # its note on custom datasets is addressed to its own command line
     try:
         task = ConfigurableTask(config=config)
+        process = task.config.process_docs
+        docs = list(process(table) if process is not None else table)
+    except Exception as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
+        raise SoftevalError(f"lm-eval task {task_name} cannot read split '{split}' ({type(exc).__name__}: {str(exc)[:200]}); check the data") from exc
     finally:
         lm_eval_log.setLevel(level)
-    process = task.config.process_docs
-    docs = list(process(table) if process is not None else table)
     # lm-eval's processing may drop rows: a document is then known by its position
     where = [w for _, w in rows] if len(docs) == len(rows) else [f"{rows[0][1].rsplit(':', 1)[0]} document {i}" for i in range(len(docs))]
     computed = []
@@ -208,17 +216,30 @@ def _computed(task, doc: dict) -> dict:
         targets = [str(t).strip() for t in targets]
         return {"lm_eval_text": text, "lm_eval_target": targets[0], "lm_eval_answer": _final_answer(targets[0]), "lm_eval_aliases": targets}
     choices = [str(c) for c in task.doc_to_choice(doc)]
-    if isinstance(text, int):  # partial scoring: options are contexts, the answer the text's index
-        continuation = target if isinstance(target, str) else choices[target]
-        delimiter = task.config.target_delimiter
-        return {"lm_eval_text": "", "lm_eval_stem": "Which is right?", "lm_eval_cue": "Answer:", "lm_eval_answer": text, "lm_eval_lists_options": False,
-                "lm_eval_choices": [f"{c}{delimiter}{continuation}" for c in choices], "lm_eval_contexts": choices,
-                "lm_eval_continuation": continuation}
+    if isinstance(text, int):
+        return _partial(task, choices, gold=text, target=target)
     answer = choices.index(target) if isinstance(target, str) else int(target[0] if isinstance(target, list) else target)
+    if isinstance(task.config.doc_to_target, int):
+        # the answer always at one position (SciQ's is the last): a prompt answered by position
+        # would learn the position, so the options are shown in an order of their own (seeded by
+        # their texts); knowledge scores each option's text, whatever its position
+        order = list(range(len(choices)))
+        random.Random("\x1f".join(sorted(choices))).shuffle(order)
+        choices, answer = [choices[i] for i in order], order.index(answer)
     cue = CUE.search(text)
     stem, cue_text = (text[: cue.start()], cue.group(1)) if cue else (text, "Answer:")
     return {"lm_eval_text": text, "lm_eval_stem": stem, "lm_eval_cue": cue_text, "lm_eval_choices": choices, "lm_eval_answer": answer,
             "lm_eval_lists_options": choices == list(LETTERS[: len(choices)]), "lm_eval_contexts": None, "lm_eval_continuation": None}
+
+
+def _partial(task, contexts: list[str], gold: int, target) -> dict:
+    """lm-eval's partial scoring (Winogrande): each option is a context, the continuation after it
+    is shared, and lm-eval's `doc_to_text` gives the gold option's index. Asked generatively, the
+    options are the whole sentences (each context with the continuation), under a bare question."""
+    continuation = target if isinstance(target, str) else contexts[target]
+    sentences = [f"{context}{task.config.target_delimiter}{continuation}" for context in contexts]
+    return {"lm_eval_text": "", "lm_eval_stem": "Which is right?", "lm_eval_cue": "Answer:", "lm_eval_answer": gold, "lm_eval_lists_options": False,
+            "lm_eval_choices": sentences, "lm_eval_contexts": contexts, "lm_eval_continuation": continuation}
 
 
 def _final_answer(target: str) -> str:

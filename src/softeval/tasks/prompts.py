@@ -188,8 +188,8 @@ class PromptBuilder:
         question = self._shown(example, cloze=cloze, option_context=option_context)
         ask = lambda ex: self._shown(ex, cloze=cloze)  # noqa: E731
         answer = lambda ex: self._answer(ex, cloze=cloze)  # noqa: E731
-        # cloze prompts carry no instruction: it asks for a letter, which cloze scoring does not use
-        instruction = "" if cloze else self.spec.instruction
+        # cloze prompts carry their own (by default none: the instruction asks for a letter, which cloze scoring does not use)
+        instruction = self.spec.cloze_instruction if cloze else self.spec.instruction
         if not self.chat:
             parts = [instruction] if instruction else []
             parts += [f"{ask(d)} {answer(d)}" for d in demos]

@@ -102,6 +102,9 @@ class TaskSpec(BaseModel):
     choices_from: ChoicesFrom | None = Field(None, description="multiple choice: `choices` and `answer` from columns")
     filter: str | None = Field(None, description="expression over a row: rows where it is false are skipped")
     instruction: str = ""
+    # what precedes knowledge (cloze) prompts: the instruction asks for a letter, which cloze
+    # scoring does not use; lm-eval's tasks put their description here, as lm-eval scores them
+    cloze_instruction: str = ""
     template: str
     cloze_template: str | None = None
     target: str
