@@ -113,9 +113,11 @@ def knowledge_scoring(result: EvalResult, spec: TaskSpec | None) -> str:
     multiple_choice = any(s.choices is not None or s.option_loglikelihoods is not None for s in result.samples)
     if not multiple_choice:
         return "lenient"  # open-ended: knowledge is the lenient parser's verdict
-    if spec is None:
+    # as the cell recorded it, else as its spec (unchanged since) says
+    normalization = result.config.get("cloze_normalization") or (spec.cloze_normalization if spec is not None else None)
+    if normalization is None:
         return "loglikelihood"
-    return "acc_norm" if spec.cloze_normalization == "characters" else "acc"
+    return "acc_norm" if normalization == "characters" else "acc"
 
 
 def model_id(result: EvalResult) -> str:

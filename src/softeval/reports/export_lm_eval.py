@@ -73,7 +73,7 @@ def lm_eval_results(group: list[Cell], name: str, samples: dict[str, list[dict]]
             "model_num_parameters": first.model.get("n_parameters"),
             "model_dtype": first.model.get("dtype"),
             "model_revision": (first.identity.get("model") or {}).get("revision"),
-            "model_sha": first.model.get("config_sha256"),
+            "model_sha": (first.identity.get("model") or {}).get("commit"),  # the hub commit, as lm-eval records it (None for local models)
             "batch_size": shared("batch_size"),
             "device": common((c.result.engine or {}).get("device") for c in group),
             "limit": shared("limit"),

@@ -149,7 +149,6 @@ def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:
 
 
 
-
 def free_weights(lm: LoadedModel) -> None:
     """A hub revision's weight files, freed once its cells are all finished."""
     identity = lm.identity

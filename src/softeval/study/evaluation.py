@@ -104,6 +104,8 @@ def evaluate(
     }
     if spec.answer_format == "short_answer":  # the rule a strict answer followed
         config["max_answer_words"], config["max_answer_words_from"] = spec.answer_words
+    if spec.is_multiple_choice:  # how knowledge compared the options: per character (acc_norm) or summed (acc)
+        config["cloze_normalization"] = spec.cloze_normalization
     tuned = soft_prompt or adapter
     context = {"chat_template_unused": template_unused(facts, chat), "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
     metrics, diagnostics = scores(spec, examples, samples, seed, **context)
@@ -169,6 +171,8 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     config = result.config | (facts or {})
     if spec.answer_format == "short_answer":
         config |= dict(zip(("max_answer_words", "max_answer_words_from"), spec.answer_words))
+    if spec.is_multiple_choice:
+        config["cloze_normalization"] = spec.cloze_normalization
     same_code = result.versions.get("parsers") == parsers_version()
     if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics and config == result.config:
         return None

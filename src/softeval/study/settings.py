@@ -190,8 +190,11 @@ class Study(BaseModel):
             self.models += [ModelEntry(model=spec, role="base") for spec in series.specs() if spec not in listed]
             if series.reference is not None and series.reference not in listed | {entry.model for entry in self.models}:
                 self.models.append(ModelEntry(model=series.reference, role="post-trained"))
-        if any(s.reference for s in self.series) and (self.reference or Reference()).chat and not self.chat:
+        evaluated = self.reference or Reference()
+        if any(s.reference for s in self.series) and evaluated.chat and not self.chat:
             raise ValueError("a series' reference is evaluated with its chat template: set chat: true (or reference.chat: false)")
+        if any(s.reference for s in self.series) and evaluated.method not in self.methods:
+            raise ValueError(f"a series' reference is evaluated {evaluated.method}, which methods does not hold: add it, or set reference.method")
         names = [series.name for series in self.series]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
