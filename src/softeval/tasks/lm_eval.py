@@ -58,8 +58,8 @@ def lm_eval_spec(name: str) -> dict:
     else:
         raise SoftevalError(f"lm-eval task '{task_name}' is a {output_type} task; softeval evaluates multiple-choice and generation tasks")
     spec = {
-        "name": f"lm-eval-{task_name}" + ("" if answer_format in ("multiple_choice", _known_format(task_name)) else f"-{answer_format}"),
-        "description": f"lm-evaluation-harness task {task_name}" + (f", answered as {answer_format}" if answer_format else ""),
+        "name": _spec_name(task_name, answer_format),
+        "description": f"lm-evaluation-harness task {task_name}, answered as {answer_format}",
         "dataset": _dataset(task_name, config),
         "answer_format": answer_format,
         "lm_eval": {"task": task_name, "version": _lm_eval_version(), "task_version": str((config.get("metadata") or {}).get("version"))},
@@ -109,6 +109,12 @@ def _generation_spec(config: dict, answer_format: str) -> dict:
         "stop": [until] if isinstance(until, str) else list(until),
         "max_new_tokens": int(generation.get("max_gen_toks", 256)),
     }
+
+
+def _spec_name(task_name: str, answer_format: str) -> str:
+    """Where results are filed: lm-eval-NAME, and the answer format where it is not the task's own."""
+    usual = answer_format in ("multiple_choice", _known_format(task_name))
+    return f"lm-eval-{task_name}" if usual else f"lm-eval-{task_name}-{answer_format}"
 
 
 def _known_format(task_name: str) -> str | None:
