@@ -130,7 +130,8 @@ def check_eee_results(log: dict, cell) -> None:
         assert entry["metric_config"]["metric_id"] == f"softeval.{metric}"
         assert details["score"] == value.value
         uncertainty = details["uncertainty"]
-        assert uncertainty["num_samples"] == len(cell.samples) and uncertainty["num_bootstrap_samples"] == 1000
+        counted = sum(s.format_ok for s in cell.samples) if metric == "conditional_accuracy" else len(cell.samples)
+        assert uncertainty["num_samples"] == counted and uncertainty["num_bootstrap_samples"] == 1000
         interval = uncertainty["confidence_interval"]
         assert (interval["lower"], interval["upper"], interval["confidence_level"]) == (value.ci_low, value.ci_high, 0.95)
     # strict apart from lenient, format apart from knowledge

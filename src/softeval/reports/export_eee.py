@@ -129,7 +129,8 @@ def eee_model_info(cell: Cell) -> dict:
 def eee_result(cell: Cell, metric: str) -> dict:
     r = cell.result
     value = r.metrics[metric]
-    uncertainty = {"num_samples": len(r.samples), "num_bootstrap_samples": BOOTSTRAP_RESAMPLES}
+    counted = sum(row_outcome(sample, metric) is not None for sample in r.samples)  # conditional accuracy: the rows that kept the format
+    uncertainty = {"num_samples": counted, "num_bootstrap_samples": BOOTSTRAP_RESAMPLES}
     if value.ci_low is not None and value.ci_high is not None:
         uncertainty["confidence_interval"] = {
             "lower": value.ci_low, "upper": value.ci_high, "confidence_level": CONFIDENCE_LEVEL, "method": CI_METHOD,
