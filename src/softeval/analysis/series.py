@@ -197,6 +197,8 @@ def series_analysis(
     The target orders the recipes: "reference" is their declared post-trained models' score,
     evaluated as the study recorded; "last" their last checkpoints' `target_method` score. By
     default, the references where every recipe declares one, else the last checkpoints."""
+    if target not in (None, *TARGETS):
+        raise SoftevalError(f"unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
     folder = Path(folder)
     recorded = read_series(folder)
     if len(recorded) < 2:
@@ -209,8 +211,6 @@ def series_analysis(
         raise SoftevalError(f"series '{missing}' declares no reference model; add reference: to its series in the study file, or use --target last")
     series = {name: s["checkpoints"] for name, s in recorded.items()}
     cells = {cell_key(r): r for r in finished_cells(folder)}
-    if target not in TARGETS:
-        raise SoftevalError(f"unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
     settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method}
     if target == "reference":
         settings |= {"method": None, "models": {name: ref["model"] for name, ref in references.items()}}
