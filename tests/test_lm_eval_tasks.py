@@ -166,7 +166,10 @@ def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirr
     ("name", "message"),
     [
         ("lm-eval:no_such_task", r"^unknown lm-eval task 'no_such_task'"),
-        ("lm-eval:mmlu", r"^lm-eval 'mmlu' is a group of tasks; give its tasks one by one \(such as mmlu_"),
+        ("lm-eval:mmlu", r"^lm-eval 'mmlu' names several tasks \(a group\); give them one by one \(such as mmlu_[a-z_]+, mmlu_[a-z_]+, mmlu_[a-z_]+\); "
+                         r"or use softeval's built-in --task mmlu$"),
+        ("lm-eval:ai2_arc", r"^lm-eval 'ai2_arc' names several tasks \(a tag\); give them one by one \(such as arc_challenge, arc_easy\)$"),
+        ("lm-eval:arc", r"^unknown lm-eval task 'arc'; did you mean arc_"),
         ("lm-eval:squadv2", r"^lm-eval defines task 'squadv2' with code of its own \(a task class or a custom dataset\), which softeval cannot use$"),
         ("lm-eval:wikitext", r"^lm-eval task 'wikitext' is a loglikelihood_rolling task; softeval evaluates multiple-choice and generation tasks$"),
         ("lm-eval:arc_easy:number", r"^lm-eval task 'arc_easy' is multiple choice: answer it as multiple_choice or option_text, not 'number'$"),
@@ -185,5 +188,5 @@ def test_the_user_sees_one_line_for_a_group(monkeypatch, capsys, tmp_path, tiny_
     from test_bad_input import user_sees
 
     err = user_sees(monkeypatch, capsys, "eval", "--model", tiny_model_dirs["llama"], "--task", "lm-eval:mmlu", "--output", tmp_path / "out")
-    assert err.startswith("error: lm-eval 'mmlu' is a group of tasks; give its tasks one by one (such as mmlu_")
+    assert err.startswith("error: lm-eval 'mmlu' names several tasks (a group); give them one by one (such as mmlu_")
     assert not (tmp_path / "out").exists()

@@ -150,7 +150,7 @@ def options(
 
 
 Models = Annotated[list[str], typer.Option("--model", help="Alias, local folder, .gguf file or hub id; repeatable.")]
-Tasks = Annotated[list[str], typer.Option("--task", help="Built-in task name or task YAML path; repeatable.")]
+Tasks = Annotated[list[str], typer.Option("--task", help="Built-in task name, lm-eval:NAME (a task of lm-evaluation-harness) or task YAML path; repeatable.")]
 Chat = Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")]
 Force = Annotated[bool, typer.Option(help="Redo finished cells (and their tuning) instead of skipping them.")]
 Ray = Annotated[str | None, typer.Option(help="Run each (model, task) on Ray: --ray alone (or 'local') starts a local cluster; or give a cluster's address.")]
@@ -415,7 +415,7 @@ def show_ranking(folder: Path, reference: Reference) -> None:
 @app.command("tune")
 def tune_command(
     model: Annotated[str, typer.Option(help="Alias, local folder, .gguf file or hub id.")],
-    task: Annotated[str, typer.Option(help="Built-in task name or task YAML path.")],
+    task: Annotated[str, typer.Option(help="Built-in task name, lm-eval:NAME (a task of lm-evaluation-harness) or task YAML path.")],
     output: Annotated[Path, typer.Option(help="Folder for soft_prompt.safetensors, curve.json, curve.png.")],
     steps: Steps = TUNE.steps,
     tune_batch_size: Annotated[int, typer.Option(min=1, help="Tuning examples per step.")] = TUNE.batch_size,

@@ -163,15 +163,20 @@ def _config(task_name: str) -> dict:
 
     entry = manager.task_index.get(task_name)
     if entry is None:
-        close = sorted(t for t in manager.all_tasks if task_name in t)[:5]
+        # names that start with it first (arc: arc_easy), then names that hold it
+        close = sorted(t for t in manager.all_tasks if task_name in t and not t.startswith(task_name))
+        close = (sorted(t for t in manager.all_tasks if t.startswith(task_name)) + close)[:5]
         hint = f"; did you mean {', '.join(close)}?" if close else "; `lm-eval ls tasks` lists them"
         raise SoftevalError(f"unknown lm-eval task '{task_name}'{hint}")
     if entry.kind == Kind.PY_TASK or (entry.yaml_path is None and entry.kind == Kind.TASK):
         raise SoftevalError(f"lm-eval defines task '{task_name}' with code of its own (a task class or a custom dataset), which softeval cannot use")
     if entry.kind != Kind.TASK:
-        members = sorted(t for t in manager.all_subtasks if t.startswith(task_name + "_"))[:3]
-        example = f" (such as {', '.join(members)})" if members else ""
-        raise SoftevalError(f"lm-eval '{task_name}' is a {entry.kind.name.lower()} of tasks; give its tasks one by one{example}")
+        members = _members(manager, task_name)
+        example = f" (such as {', '.join(members[:3])})" if members else ""
+        from softeval.tasks.spec import builtin_tasks
+
+        own = f"; or use softeval's built-in --task {task_name}" if task_name in builtin_tasks() else ""
+        raise SoftevalError(f"lm-eval '{task_name}' names several tasks (a {entry.kind.name.lower()}); give them one by one{example}{own}")
     try:
         config = load_yaml(entry.yaml_path, resolve_func=True)
     except Exception as exc:  # noqa: BLE001 - a task's own module may import what is not installed
@@ -179,6 +184,22 @@ def _config(task_name: str) -> dict:
     if "class" in config or config.get("custom_dataset"):
         raise SoftevalError(f"lm-eval defines task '{task_name}' with code of its own (a task class or a custom dataset), which softeval cannot use")
     return {key: value for key, value in config.items() if key not in ("tag", "group", "task_list")}
+
+
+def _members(manager, name: str, depth: int = 0) -> list[str]:
+    """The tasks a group or tag of lm-eval stands for, through its subgroups and tags."""
+    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = manager.task_index.get(name)
+    if entry is None or entry.kind == Kind.TASK or depth > 4:
+        return [name] if entry is not None and entry.kind == Kind.TASK else []
+    if entry.kind == Kind.TAG:
+        children = sorted(t for t, e in manager.task_index.items() if name in e.tags)
+    else:
+        listed = load_yaml(entry.yaml_path, resolve_func=False).get("task") or [] if entry.yaml_path else []
+        children = [c if isinstance(c, str) else c.get("task", "") for c in listed]
+    return [task for child in children for task in _members(manager, child, depth + 1)]
 
 
 def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
