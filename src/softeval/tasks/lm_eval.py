@@ -24,6 +24,7 @@ import logging
 import random
 import re
 from functools import cache
+from importlib.resources import files
 
 from softeval.errors import SoftevalError
 from softeval.formats import LETTERS
@@ -173,9 +174,8 @@ def _config(task_name: str) -> dict:
     if entry.kind != Kind.TASK:
         members = _members(manager, task_name)
         example = f" (such as {', '.join(members[:3])})" if members else ""
-        from softeval.tasks.spec import builtin_tasks
-
-        own = f"; or use softeval's built-in --task {task_name}" if task_name in builtin_tasks() else ""
+        builtin = (files("softeval.tasks") / "builtin" / f"{task_name}.yaml").is_file()
+        own = f"; or use softeval's built-in --task {task_name}" if builtin else ""
         raise SoftevalError(f"lm-eval '{task_name}' names several tasks (a {entry.kind.name.lower()}); give them one by one{example}{own}")
     try:
         config = load_yaml(entry.yaml_path, resolve_func=True)
