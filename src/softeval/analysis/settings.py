@@ -1,6 +1,4 @@
 """The ranking's settings: which score of the post-trained models base-model scores should
-from softeval.scoring import ROW_METRICS
-from softeval.tuning import METHODS
 predict the ranking of. No numpy or scipy here: a study file and the command line validate it
 before any work.
 """

