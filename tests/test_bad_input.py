@@ -515,3 +515,41 @@ def test_an_interrupted_command_says_how_to_go_on(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr("softeval.study.preflight.check_task", interrupted)
     task = write_user_task(tmp_path, ROWS * 10)
     assert user_sees(monkeypatch, capsys, command, "--model", ALIAS, "--task", task, "--output", tmp_path / "out", code=130) == expected
+
+
+# --- near names and checkpoint names --------------------------------------------------------------
+
+
+def test_a_near_task_name_is_suggested(tmp_path, monkeypatch, capsys, no_model_loading):
+    err = user_sees(monkeypatch, capsys, *eval_args("arc-easy", tmp_path / "out"))
+    assert err == "error: unknown task 'arc-easy'; did you mean 'arc_easy'? (softeval tasks lists them)"
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_a_near_series_key_is_suggested(tmp_path, monkeypatch, capsys, no_model_loading):
+    import yaml
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"series": [{"name": "a", "model": "org/a", "revisions": ["step1"], "tokens_per_stp": 2}], "tasks": ["arc_easy"]}))
+    err = user_sees(monkeypatch, capsys, "study", study, "--output", tmp_path / "out")
+    assert err == f"error: study file {study}: unknown key 'series.0.tokens_per_stp' (did you mean 'tokens_per_step'?); fix the study file"
+
+
+def test_revisions_of_a_local_run_folder_point_to_checkpoints(tmp_path, monkeypatch, capsys, no_model_loading):
+    import yaml
+
+    (tmp_path / "run" / "checkpoint-10").mkdir(parents=True)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"series": [{"name": "a", "model": str(tmp_path / "run"), "revisions": ["checkpoint-10"]}], "tasks": ["arc_easy"]}))
+    err = user_sees(monkeypatch, capsys, "study", study, "--output", tmp_path / "out")
+    assert err.endswith(f"series 'a': {tmp_path / 'run'} is a local folder, and revisions are a hub model's branches or tags; "
+                        f"give its checkpoints instead (checkpoints: {tmp_path / 'run'}); fix the study file")
+
+
+def test_a_checkpoint_name_that_is_not_in_its_run_folder_lists_those_that_are(tmp_path, monkeypatch, capsys, no_model_loading):
+    for step in (10, 30):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "run" / f"checkpoint-{step}" / "config.json").write_text("{}")
+    err = user_sees(monkeypatch, capsys, "eval", "--model", tmp_path / "run@checkpoint-20", "--task", "arc_easy", "--output", tmp_path / "out")
+    assert err == (f"error: model '{tmp_path / 'run@checkpoint-20'}': no checkpoint folder {tmp_path / 'run' / 'checkpoint-20'}; "
+                   "it holds checkpoint-10, checkpoint-30")

@@ -50,7 +50,7 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
     # the diagnostics table gives each level the at-chance flag may name: chance and the majority gold answer
     lines = comparison.splitlines()
     at = next(i for i, line in enumerate(lines) if "| chance |" in line)
-    header, row = lines[at].split(" | "), next(line for line in lines[at:] if line.startswith(f"| {tiny_model_dirs['llama']} | zero-shot | ")).split(" | ")
+    header, row = lines[at].split(" | "), next(line for line in lines[at:] if line.startswith(f"| {name} | zero-shot | ")).split(" | ")
     majority = diagnostics["majority_share"]
     assert row[header.index("chance")] == "50%" and row[header.index("majority gold")] == f"{100 * majority:.0f}%"
 
@@ -70,7 +70,7 @@ def test_cells_of_different_task_versions_are_flagged_side_by_side(tmp_path, tin
     assert len(comparison["cells"]) == 2
     spec_hashes = {json.loads((out / model.name / "capitals" / m / "results.json").read_text())["data"]["spec_sha256"] for m in ("zero-shot", "few-shot")}
     assert len(spec_hashes) == 2
-    rows = [line for line in (out / "comparison.md").read_text().splitlines() if line.startswith(f"| {model} |") and "-shot |" in line]
+    rows = [line for line in (out / "comparison.md").read_text().splitlines() if line.startswith(f"| {model.name} |") and "-shot |" in line]
     flagged = [line for line in rows if "one of 2 here: rerun older cells with --force" in line]
     assert len(flagged) == 2 and {h[:8] for h in spec_hashes} == {line.split("task version ")[1][:8] for line in flagged}
     page = (out / "index.html").read_text()

@@ -300,3 +300,45 @@ def test_export_answers_a_mistake_at_once_and_reads_results_without_torch(study_
     shown = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["[]", "['scipy']"]
+
+
+def test_a_series_checkpoint_exports_its_recipe_step_and_tokens(tmp_path, tiny_model_dirs, eee_schemas):
+    """A series can be rebuilt from either export: each checkpoint's cells name its recipe,
+    checkpoint, step and tokens; a model outside the series names none."""
+    import shutil
+
+    from jsonschema import Draft7Validator
+
+    for step in (100, 200):
+        shutil.copytree(tiny_model_dirs["llama"], tmp_path / "run" / f"checkpoint-{step}")
+    task = write_user_task(tmp_path, STUDY_ROWS)
+    study = {"series": [{"name": "recipe", "checkpoints": str(tmp_path / "run"), "tokens_per_step": 4096}], "models": [str(tiny_model_dirs["gemma3"])],
+             "tasks": [str(task)], "methods": ["zero-shot"], "limit": 4}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out)]).exit_code == 0
+    for fmt in ("lm-eval", "eee"):
+        result = runner.invoke(app, ["export", str(out), "--format", fmt])
+        assert result.exit_code == 0, result.output
+
+    expected = {f"run@checkpoint-{s}": {"recipe": "recipe", "checkpoint": f"checkpoint-{s}", "step": s, "tokens": s * 4096.0} for s in (100, 200)}
+    found = {}
+    for path in (out / "export" / "lm-eval").glob("*/results_*.json"):
+        saved = json.loads(path.read_text())
+        args = saved["config"]["model_args"]
+        found[saved["model_name"].split(":")[0]] = {k: args[k] for k in ("recipe", "checkpoint", "step", "tokens") if k in args}
+        assert saved["softeval"]["series"] == (found[saved["model_name"].split(":")[0]] or None)
+        assert saved["configs"]["capitals"]["doc_to_text"] == yaml.safe_load(task.read_text())["template"]
+    assert found == expected | {tiny_model_dirs["gemma3"].name: {}}
+
+    validator = Draft7Validator(eee_schemas["eval"])
+    seen = {}
+    for path in (out / "export" / "eee" / "data").rglob("*.json"):
+        log = json.loads(path.read_text())
+        assert not list(validator.iter_errors(log))
+        details = log["model_info"]["additional_details"]
+        generation = log["evaluation_results"][0]["generation_config"]["additional_details"]
+        recorded = {k: json.loads(details[k]) if k in ("step", "tokens") else details[k] for k in ("recipe", "checkpoint", "step", "tokens") if k in details}
+        assert {k: generation[k] for k in details.keys() & {"recipe", "checkpoint", "step", "tokens"}} == {k: details[k] for k in recorded}
+        seen[log["model_info"]["name"]] = recorded
+    assert seen == expected | {tiny_model_dirs["gemma3"].name: {}}

@@ -158,8 +158,13 @@ def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirr
     # exported for lm-eval's tools under lm-eval's own metric names: acc_norm where lm-eval reports it
     result = CliRunner().invoke(app, ["export", str(out), "--format", "lm-eval"])
     assert result.exit_code == 0, result.output
-    exported = json.loads(next((out / "export" / "lm-eval").glob("*__zero-shot/results_*.json")).read_text())["results"]
+    saved = json.loads(next((out / "export" / "lm-eval").glob("*__zero-shot/results_*.json")).read_text())
+    exported = saved["results"]
     assert "knowledge,acc_norm" in exported["lm-eval-arc_easy"] and "knowledge,acc" in exported["lm-eval-winogrande"]
+    # the prompt shown is lm-eval's own, as its configuration writes it, not softeval's fields of what lm-eval computed
+    assert saved["configs"]["lm-eval-arc_easy"]["doc_to_text"] == "Question: {{question}}\nAnswer:"
+    assert saved["configs"]["lm-eval-gsm8k"]["doc_to_text"] == "Question: {{question}}\nAnswer:"
+    assert saved["configs"]["lm-eval-winogrande"]["doc_to_text"].startswith("!function ")
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,8 @@ def test_the_identity_read_from_a_config_is_that_of_the_loaded_weights(tiny_mode
     lm = load_model(str(tiny_model_dirs[arch]), device="cpu", lazy=True)
     assert not lm.loaded
     described = dict(lm.identity)
-    assert model_identity(lm.identity["spec"], lm.model, {"folder": lm.identity["folder"]}) == described
+    source = {"folder": lm.identity["folder"], "weights_sha256": lm.identity["weights_sha256"]}
+    assert model_identity(lm.identity["spec"], lm.model, source) == described
     assert lm.loaded and lm.identity == described and lm.hidden_size == lm.model.config.hidden_size
 
 
@@ -178,3 +179,57 @@ def test_a_finished_revisions_weights_are_freed_and_a_rerun_skips_its_cells(hub_
     assert (snapshots / hub_cache["step100"] / "config.json").is_file() and list((snapshots / hub_cache["main"]).glob("*.safetensors"))
     again = CliRunner().invoke(app, ["study", str(tmp_path / "study.yaml"), "--output", str(out), *on_ray])
     assert again.exit_code == 0, again.output  # its cells are finished: no weights needed
+
+
+def test_a_models_weights_are_hashed_once_and_again_when_rewritten(tmp_path, monkeypatch):
+    """A folder's weights sha256 covers its weight files (not a trainer's optimizer state); it is
+    cached by path, size, mtime and inode, so an unchanged file is not read again, and a file
+    rewritten in place with the same size is."""
+    import hashlib
+    import os
+
+    from softeval.models import fingerprint
+
+    monkeypatch.setenv("SOFTEVAL_HASH_CACHE", str(tmp_path / "hashes.json"))
+    model = tmp_path / "checkpoint-10"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"a" * 1000)
+    (model / "optimizer.pt").write_bytes(b"state")
+    old = 1_000_000_000_000_000_000  # an mtime long past: not a file still being written
+    os.utime(model / "model.safetensors", ns=(old, old))
+    reads = []
+    monkeypatch.setattr(fingerprint, "file_sha256", lambda path: reads.append(path.name) or hashlib.sha256(path.read_bytes()).hexdigest())
+
+    first = fingerprint.weights_sha256(model)
+    file_sha = hashlib.sha256(b"a" * 1000).hexdigest()
+    assert first == hashlib.sha256(f"model.safetensors\0{file_sha}\n".encode()).hexdigest()
+    assert fingerprint.weights_sha256(model) == first and reads == ["model.safetensors"]  # the second time from the cache
+
+    (model / "model.safetensors").write_bytes(b"b" * 1000)  # retrained: same name and size
+    os.utime(model / "model.safetensors", ns=(old + 10**9, old + 10**9))
+    second = fingerprint.weights_sha256(model)
+    assert second != first and reads == ["model.safetensors"] * 2
+    (model / "optimizer.pt").write_bytes(b"other state")
+    assert fingerprint.weights_sha256(model) == second and len(reads) == 2
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"gguf weights")
+    assert fingerprint.weights_sha256(gguf) == hashlib.sha256(b"gguf weights").hexdigest()  # a file: its own sha256
+    (tmp_path / "empty").mkdir()
+    assert fingerprint.weights_sha256(tmp_path / "empty") is None  # no weight files: transformers says what is missing
+
+
+def test_a_file_written_just_now_is_hashed_every_time(tmp_path, monkeypatch):
+    """A file whose mtime is seconds old may still be written, or rewritten within the file
+    system's clock tick: its hash is not cached."""
+    from softeval.models import fingerprint
+
+    monkeypatch.setenv("SOFTEVAL_HASH_CACHE", str(tmp_path / "hashes.json"))
+    (tmp_path / "model.safetensors").write_bytes(b"fresh")
+    reads = []
+    real = fingerprint.file_sha256
+    monkeypatch.setattr(fingerprint, "file_sha256", lambda path: reads.append(path) or real(path))
+    fingerprint.weights_sha256(tmp_path)
+    fingerprint.weights_sha256(tmp_path)
+    assert len(reads) == 2 and not (tmp_path / "hashes.json").exists()

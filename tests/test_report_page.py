@@ -182,5 +182,8 @@ def test_a_series_study_shows_its_checkpoints_section(tmp_path, tokenizer_dirs, 
     assert shown == [f"{e['value']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e["value"] is not None else "n/a" for e in last]
     assert rows.last.locator("td").first.text_content() == "decides from"
     assert section.locator("svg").count() == 1
+    assert section.locator("ul.why li").all_text_contents() == analysis["notes"]  # why a figure is n/a, as analysis.json says
+    for written in ("analysis.json", "analysis.md", "analysis_capitals.png"):  # the study names the analysis's files
+        assert f"wrote {tmp_path / 'out' / written}" in result.output
     assert section.locator("table").nth(1).locator("tr").count() == 1 + 2 * 2  # per method and recipe: noise, outliers
 

@@ -135,6 +135,7 @@ def test_a_tiny_pretraining_run_is_analysed_end_to_end(tmp_path, mirror, monkeyp
     assert [b["budget"] for b in found["decisions"]["soft-prompt"]] == [40 * 256, 80 * 256, 120 * 256]
     assert "| **decides from** |" in result.output and "post-trained reference model's knowledge" in result.output
     assert (out / "analysis_arc_easy.png").is_file()
+    assert f"wrote {out / 'analysis.md'}" in result.output and f"wrote {out / 'analysis_arc_easy.png'}" in result.output
     last = runner.invoke(app, ["analyze", str(out), "--target", "last", "--target-method", "zero-shot", "--target-metric", "knowledge"])
     assert last.exit_code == 0, last.output
     zero_shot = json.loads((out / "analysis.json").read_text())["tasks"]["arc_easy"]["decisions"]["zero-shot"]
@@ -231,3 +232,191 @@ def test_a_reference_target_needs_every_recipe_to_declare_one(tmp_path):
               methods=["soft-prompt"])
     study = Study(series=[{"name": "a", "model": "org/a", "revisions": ["step1"], "reference": "org/a-instruct"}], tasks=["arc_easy"], chat=True)
     assert [(m.model, m.role) for m in study.models] == [("org/a@step1", "base"), ("org/a-instruct", "post-trained")]
+
+
+def _rewrite_weights_in_place(folder) -> None:
+    """Retrain into the same checkpoint folder: new weights, same file name, size and config."""
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    size = file.stat().st_size
+    tensors = {name: tensor + 0.05 for name, tensor in load_file(file).items()}
+    save_file(tensors, file, metadata={"format": "pt"})
+    assert file.stat().st_size == size
+
+
+def test_a_checkpoint_rewritten_in_place_is_computed_again_and_the_others_kept(tmp_path, tiny_model_dirs, caplog, monkeypatch):
+    import json
+    import os
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from conftest import STUDY_ROWS, TUNING, write_user_task
+    from softeval.cli import app
+
+    monkeypatch.setenv("SOFTEVAL_HASH_CACHE", str(tmp_path / "hashes.json"))
+    for step in (10, 20):
+        shutil.copytree(tiny_model_dirs["llama"], tmp_path / "run" / f"checkpoint-{step}")
+    task = write_user_task(tmp_path, STUDY_ROWS)
+    study = {"series": [{"name": "run", "checkpoints": str(tmp_path / "run")}], "tasks": [str(task)],
+             "methods": ["zero-shot", "soft-prompt"], "limit": 6, "tuning": TUNING}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    out = tmp_path / "out"
+    command = ["study", str(tmp_path / "study.yaml"), "--output", str(out)]
+    assert CliRunner().invoke(app, command).exit_code == 0
+    files = {(name, cell): out / name / "capitals" / cell / "results.json" for name in ("run@checkpoint-10", "run@checkpoint-20")
+             for cell in ("zero-shot", "soft-prompt")}
+    prompts = {name: out / name / "capitals" / "prompt" / "soft_prompt.safetensors" for name in ("run@checkpoint-10", "run@checkpoint-20")}
+    before = {key: path.stat().st_mtime_ns for key, path in {**files, **prompts}.items()}
+    recorded = json.loads(files[("run@checkpoint-20", "zero-shot")].read_text())["identity"]["model"].get("weights_sha256")
+
+    os.utime(tmp_path / "run" / "checkpoint-20" / "model.safetensors", ns=(1, 1))  # an old mtime: cached, not racy
+    assert CliRunner().invoke(app, command).exit_code == 0  # unchanged: everything kept, the hashes now cached
+    assert all(path.stat().st_mtime_ns == before[key] for key, path in {**files, **prompts}.items())
+
+    _rewrite_weights_in_place(tmp_path / "run" / "checkpoint-20")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="softeval"):
+        result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    for (name, cell), path in files.items():
+        changed = path.stat().st_mtime_ns != before[(name, cell)]
+        assert changed == (name == "run@checkpoint-20"), (name, cell)
+    assert prompts["run@checkpoint-20"].stat().st_mtime_ns != before["run@checkpoint-20"]  # its prompt is tuned again
+    assert prompts["run@checkpoint-10"].stat().st_mtime_ns == before["run@checkpoint-10"]
+    now = json.loads(files[("run@checkpoint-20", "zero-shot")].read_text())["identity"]["model"].get("weights_sha256")
+    assert now != recorded
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "weights" in r.getMessage()]
+    assert recorded and said == [f"the weights of {tmp_path / 'run' / 'checkpoint-20'} changed since its cells were computed "
+                    f"(sha256 {recorded[:12]} -> {now[:12]}); its cells and prompts are computed again"]
+
+
+def _write_cell(out, model: str, method: str, correct: list[int], knows: list[int], chat: bool = False) -> None:
+    """A finished cell of task `quiz` whose rows have these task and knowledge outcomes."""
+    from softeval.scoring import EvalResult, Metric
+    from softeval.scoring.metrics import Sample
+
+    samples = [
+        Sample(index=i, source=f"q{i}", prompt="Q?", n_demos=0, truncated=False, raw_completion="x", completion="x", stop_reason="stop",
+               gold="A", strict_answer="A" if c else None, strict_failure=None if c else "no letter", lenient_answer=None,
+               lenient_status="answer", lenient_note=None, format_ok=bool(c), task_correct=bool(c), lenient_correct=bool(k),
+               knowledge_correct=bool(k))
+        for i, (c, k) in enumerate(zip(correct, knows))
+    ]
+    none = Metric(value=None, ci_low=None, ci_high=None)
+    config = {"model": model, "task": "quiz", "method": method, "chat": chat, "k": 0, "seed": 0}
+    EvalResult(config=config, metrics=dict.fromkeys(("format_following", "task_accuracy", "knowledge"), none), samples=samples,
+               model={}, data={"spec_sha256": "s", "split": "test", "sha256": "d", "rows": len(samples)}, timings={},
+               n_truncated=0).save(out / model / "quiz" / (method + ("-chat" if chat else "")))
+
+
+def _tied_folder(out):
+    """Two recipes of three checkpoints whose task accuracy is 0 everywhere (no answer keeps the
+    format), so every target ties on it, and whose knowledge orders them: a knows more than b."""
+    import json
+
+    series = {}
+    for name, known in (("a", [2, 4, 6]), ("b", [1, 2, 3])):
+        points = [{"model": f"{name}@step-{s}", "spec": f"runs/{name}/step-{s}", "step": s, "tokens": s * 1e6} for s in (1, 2, 3)]
+        for point, k in zip(points, known):
+            for method in ("zero-shot", "soft-prompt"):
+                _write_cell(out, point["model"], method, [0] * 8, [1] * k + [0] * (8 - k))
+        _write_cell(out, f"{name}-ref", "zero-shot", [0] * 8, [1] * known[-1] + [0] * (8 - known[-1]))
+        series[name] = {"checkpoints": points, "reference": {"model": f"{name}-ref", "method": "zero-shot", "chat": False}}
+    (out / "series.json").write_text(json.dumps(series))
+
+
+def test_an_analysis_says_why_it_cannot_decide_and_which_target_would(tmp_path):
+    from softeval.reports.series import analysis_markdown, analyze
+
+    _tied_folder(tmp_path)
+    analysis = analyze(tmp_path)  # task accuracy, against the references: 0.00 and 0.00
+    found = analysis["tasks"]["quiz"]
+    assert all(b["decision_accuracy"]["value"] is None for m in found["decisions"].values() for b in m)
+    assert found["notes"] == [
+        "Decision accuracy is n/a at every budget: the target's task_accuracy ties every pair of recipes (a 0.00, b 0.00); "
+        "the folder's cells would order them with --target-metric knowledge (a 0.75, b 0.38).",
+        "zero-shot: monotonicity is n/a for a, b: task_accuracy does not change across checkpoints.",
+        "zero-shot: signal to noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
+        "soft-prompt: monotonicity is n/a for a, b: task_accuracy does not change across checkpoints.",
+        "soft-prompt: signal to noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
+    ]
+    text = (tmp_path / "analysis.md").read_text()
+    assert "Why a figure is n/a or a method never decides:" in text and found["notes"][0] in text
+
+    decided = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
+    assert decided["decisions"]["zero-shot"][-1]["decision_accuracy"]["value"] == 1.0
+    assert not any("ties every pair" in note for note in decided["notes"])
+
+    # the last checkpoints' knowledge as the target ties, and the references' knowledge would order them
+    for k in (2, 3):
+        _write_cell(tmp_path, f"a@step-{k}", "zero-shot", [0] * 8, [1] * 3 + [0] * 5)
+    last = analyze(tmp_path, target="last", target_method="zero-shot", target_metric="knowledge")["tasks"]["quiz"]
+    assert last["notes"][0] == ("Decision accuracy is n/a at every budget: the target's knowledge ties every pair of recipes (a 0.38, b 0.38); "
+                                "the folder's cells would order them with --target reference (a 0.75, b 0.38).")
+    assert "## quiz" in analysis_markdown(analyze(tmp_path))
+
+
+def test_the_analysis_chart_plots_the_metric_it_decides_on(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from softeval.reports.series import analyze, curves_figure
+
+    _tied_folder(tmp_path)
+    found = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
+    fig = curves_figure(found, "quiz", "knowledge")
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylabel() == "quiz knowledge"
+        plotted = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+        assert plotted == {"a": [0.25, 0.5, 0.75], "b": [0.125, 0.25, 0.375]}  # knowledge, not task accuracy (0 throughout)
+    finally:
+        plt.close(fig)
+    assert (tmp_path / "analysis_quiz.png").is_file()
+
+
+def test_an_analysis_names_the_task_it_could_not_analyse_and_why(tmp_path):
+    import shutil
+
+    from softeval.analysis import series_analysis
+
+    _tied_folder(tmp_path)
+    shutil.rmtree(tmp_path / "b-ref")
+    with pytest.raises(SoftevalError, match=r"quiz: the reference b-ref has no finished cell on it; run the study's cells first"):
+        series_analysis(tmp_path)
+    analysis = series_analysis(tmp_path, target="last", target_method="soft-prompt")
+    assert analysis["tasks"]["quiz"]["rows"] == 8
+
+
+def test_a_checkpoint_named_as_softeval_names_it_is_its_folder(tmp_path, tiny_model_dirs):
+    """`run@checkpoint-N`, the name softeval prints, is the checkpoint's folder as --model, and
+    the results table names checkpoints by that name too."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from conftest import STUDY_ROWS, write_user_task
+    from softeval.cli import app
+    from softeval.models import local_checkpoint, model_kind, model_name
+
+    for step in (10, 20):
+        shutil.copytree(tiny_model_dirs["llama"], tmp_path / "run" / f"checkpoint-{step}")
+    named = str(tmp_path / "run@checkpoint-20")
+    assert local_checkpoint(named) == str(tmp_path / "run" / "checkpoint-20") and model_kind(named) == "folder"
+    assert model_name(named) == model_name(local_checkpoint(named)) == "run@checkpoint-20"
+    assert local_checkpoint("EleutherAI/pythia-70m@step3000") == "EleutherAI/pythia-70m@step3000"  # a hub revision stays one
+    task = write_user_task(tmp_path, STUDY_ROWS)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "--model", named, "--task", str(task), "--limit", "4", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "run@checkpoint-20" / "capitals" / "zero-shot" / "results.json").is_file()
+    from softeval.analysis import finished_cells
+    from softeval.reports.comparison import rows
+
+    assert [row[0] for row in rows(finished_cells(out))] == ["run@checkpoint-20"]  # the terminal's and comparison.md's tables
+    # the same checkpoint by its folder is the same cell: kept
+    again = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run" / "checkpoint-20"), "--task", str(task), "--limit", "4",
+                                     "--output", str(out)])
+    assert again.exit_code == 0 and "1 of 1 cells were finished already" in again.output

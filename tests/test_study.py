@@ -540,16 +540,25 @@ def test_cells_of_one_task_judged_by_other_parsers_are_flagged(tmp_path, tiny_mo
     assert all(judged_by(flags[id(c)]) == [f"judged by parsers {c.versions['parsers']}, one of 2 here: rerun its command"] for c in cells)
 
 
-def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_model_dirs):
+def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_model_dirs, monkeypatch):
+    import os
     import shutil
 
+    monkeypatch.setenv("SOFTEVAL_HASH_CACHE", str(tmp_path / "hashes.json"))
     folder = tmp_path / "tiny"
     shutil.copytree(tiny_model_dirs["llama"], folder)
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(10**18, 10**18))  # long written: its hash is cached by size, mtime and inode
     task = write_user_task(tmp_path, ROWS * 3)
     out = tmp_path / "out"
     evaluate_with = lambda methods: run("run", "--model", folder, "--task", task, "--method", methods, "--limit", 3, "--output", out)  # noqa: E731
     assert evaluate_with("zero-shot").exit_code == 0
-    (folder / "model.safetensors").write_bytes(b"not weights")  # a rerun that read them would fail
+    # garbage of the same size in the same file, its mtime put back: the cached hash still stands
+    # for it, so the identity is unchanged, and a rerun that read the weights would fail
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.write(b"not weights".ljust(size, b"\0"))
+    os.utime(weights, ns=(10**18, 10**18))
     rerun = evaluate_with("zero-shot")
     assert rerun.exit_code == 0 and "1 of 1 cells were finished already" in rerun.output
     more = evaluate_with("zero-shot,few-shot")  # a cell to compute: now the weights load

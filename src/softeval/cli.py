@@ -211,7 +211,17 @@ def finish(output: Path, reports) -> None:
         saved = json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])
         stdout.print(findings_table([Finding(**f) for f in saved]))
     stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
+    if (output / "analysis.json").is_file():  # the folder's series analysis, redone by this command
+        print_analysis_files(output)
     stdout.print(f"report: {output / PAGE}", highlight=False)
+
+
+def print_analysis_files(folder: Path) -> None:
+    from softeval.reports import analysis_files
+
+    analysis = json.loads((folder / "analysis.json").read_text(encoding="utf-8"))
+    for path in [folder / "analysis.json", *analysis_files(folder, analysis)]:
+        stdout.print(f"wrote {path}", highlight=False)
 
 
 def run_logged(study: Study, output: Path, wandb: str | None, mlflow: str | None, **run):
@@ -369,10 +379,11 @@ def analyze_command(
         raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval study")
     from softeval.reports import analyze, write_page
 
-    analysis = analyze(folder, target=target, target_method=target_method, target_metric=target_metric, threshold=threshold)
-    write_page(folder)  # its section on checkpoints
+    analyze(folder, target=target, target_method=target_method, target_metric=target_metric, threshold=threshold)
+    page = write_page(folder)  # its section on checkpoints
     stdout.print((folder / "analysis.md").read_text(encoding="utf-8"), highlight=False, markup=False)
-    stdout.print(f"wrote {folder / 'analysis.json'} ({len(analysis['tasks'])} tasks)", highlight=False)
+    print_analysis_files(folder)
+    stdout.print(f"report: {page}", highlight=False)
 
 
 @app.command("report")

@@ -4,6 +4,7 @@ validation error is put to the user."""
 from __future__ import annotations
 
 import difflib
+import typing
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,11 +30,25 @@ def validation_problem(exc: ValidationError, model: type[BaseModel]) -> str:
 
 
 def keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The keys `model` takes at `loc`, a path of keys into its nested settings ([] past them)."""
+    """The keys `model` takes at `loc`, a path of keys (and list positions) into its nested
+    settings: `("series", 0)` is a series' keys; [] past them."""
     for key in loc:
+        if isinstance(key, int):  # a position in a list of settings: the list's item type is already `model`
+            continue
         field = model.model_fields.get(str(key))
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        nested = _settings_type(field.annotation) if field is not None else None
+        if nested is None:
             return []
-        model = annotation
+        model = nested
     return list(model.model_fields)
+
+
+def _settings_type(annotation) -> type[BaseModel] | None:
+    """The settings model a field holds: itself, or the item of a list or optional of one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _settings_type(argument)
+        if found is not None:
+            return found
+    return None

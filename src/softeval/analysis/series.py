@@ -214,35 +214,45 @@ def series_analysis(
     settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method}
     if target == "reference":
         settings |= {"method": None, "models": {name: ref["model"] for name, ref in references.items()}}
-    analysis = {"target": settings, "threshold": threshold, "series": series, "references": references, "tasks": {}}
+    elif not chosen:  # why not the references
+        lacking = [name for name, ref in references.items() if not ref]
+        settings["why"] = f"series {', '.join(repr(n) for n in lacking)} declare{'s' if len(lacking) == 1 else ''} no reference model"
+    analysis = {"target": settings, "threshold": threshold, "series": series, "references": references, "tasks": {}, "skipped": {}}
     for task in sorted({key[1] for key in cells}):
-        found = _task_analysis(series, references if target == "reference" else None, cells, task, target_method, target_metric,
-                               threshold, n_resamples, seed)
-        if found is not None:
+        found = _task_analysis(series, references, target == "reference", cells, task, target_method, target_metric, threshold, n_resamples, seed)
+        if isinstance(found, str):
+            analysis["skipped"][task] = found
+        else:
             analysis["tasks"][task] = found
     if not analysis["tasks"]:
         wanted = "reference cells" if target == "reference" else f"{target_method} cells of every checkpoint"
-        raise SoftevalError(f"no task in {folder} has the {wanted} of every series; run the study's cells first")
+        reasons = "; ".join(f"{task}: {why}" for task, why in analysis["skipped"].items())
+        raise SoftevalError(f"no task in {folder} has the {wanted} of every series ({reasons or 'no finished cells'}); run the study's cells first")
     return analysis
 
 
-def _task_analysis(series: dict, references: dict | None, cells: dict, task: str, target_method: str, target_metric: str, threshold: float,
-                   n_resamples: int, seed: int):
+def _task_analysis(series: dict, references: dict, by_reference: bool, cells: dict, task: str, target_method: str, target_metric: str,
+                   threshold: float, n_resamples: int, seed: int) -> dict | str:
+    """A task's analysis, or why it has none."""
     has = lambda method: all((p["model"], task, method, False) in cells for points in series.values() for p in points)  # noqa: E731
     methods = [m for m in METHODS if has(m)]
-    if references is None:
+    if not methods:
+        missing = next(p["model"] for points in series.values() for p in points if not any(k[:2] == (p["model"], task) for k in cells))
+        return f"no method has a finished cell on every checkpoint ({missing} has none)"
+    if not by_reference:
         if target_method not in methods:
-            return None
+            return f"the target's method, {target_method}, has no finished cell on every last checkpoint; run it, or choose --target-method"
         target_cells = {n: cells[(series[n][-1]["model"], task, target_method, False)] for n in series}
     else:
         keys = {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items()}
-        if not methods or any(key not in cells for key in keys.values()):
-            return None
+        missing = [key[0] for key in keys.values() if key not in cells]
+        if missing:
+            return f"the reference {missing[0]} has no finished cell on it; run the study's cells first"
         target_cells = {n: cells[key] for n, key in keys.items()}
     checkpoint_cells = [cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods]
     rows = common_rows(checkpoint_cells + list(target_cells.values()))
     if len(rows) < 2:
-        return None  # no rows every checkpoint evaluated: nothing to compare
+        return f"fewer than 2 rows ({len(rows)}) were evaluated by every cell compared"
     names = list(series)
     axis = "tokens" if all(p["tokens"] is not None for points in series.values() for p in points) else "step"
     if axis == "step" and any(p["step"] is None for points in series.values() for p in points):
@@ -264,6 +274,10 @@ def _task_analysis(series: dict, references: dict | None, cells: dict, task: str
         noises = {n: recipe_noise(t, xs, n_resamples=n_resamples, seed=seed) for n, t, xs in zip(names, scored, x)}
         found["recipes"][method] = {n: r.model_dump() for n, r in noises.items()}
         found["recipes"][method]["signal_to_noise"] = signal_to_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
+    common = budgets(x)
+    found["notes"] = _notes(found, target_cells, rows, target_metric, threshold, first_budget=min(min(xs) for xs in x),
+                            first_common=common[0][0] if common else None,
+                            other_target=_other_target(series, references, by_reference, cells, task, methods))
     for other in ("zero-shot", "few-shot"):
         if "soft-prompt" in methods and other in methods:
             found["format_gap"][other] = {
@@ -272,6 +286,67 @@ def _task_analysis(series: dict, references: dict | None, cells: dict, task: str
                 for n in names
             }
     return found
+
+
+def _other_target(series: dict, references: dict, by_reference: bool, cells: dict, task: str, methods: list[str]) -> dict | None:
+    """The target of the other kind, where the folder has its cells: the last checkpoints'
+    soft-prompt (else first method's) cells for a reference target; the references' cells, where
+    every recipe declares one, for a "last" target."""
+    if by_reference:
+        method = "soft-prompt" if "soft-prompt" in methods else methods[0]
+        return {"option": f"--target last --target-method {method}", "cells": {n: cells[(series[n][-1]["model"], task, method, False)] for n in series}}
+    keys = {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items() if ref}
+    if len(keys) < len(series) or any(key not in cells for key in keys.values()):
+        return None
+    return {"option": "--target reference", "cells": {n: cells[key] for n, key in keys.items()}}
+
+
+def _separates(scores: Sequence[float]) -> bool:
+    """Whether scores order at least one pair of recipes (not all equal)."""
+    return len(set(scores)) > 1
+
+
+def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, threshold: float, *, first_budget: float,
+           first_common: float | None, other_target: dict | None) -> list[str]:
+    """Why a figure of the task's analysis is n/a or a method never decides, and what in the folder
+    would decide: one sentence each, for analysis.md and the report page."""
+    notes = []
+    target = found["target_scores"]
+    shown = lambda scores: ", ".join(f"{n} {v:.2f}" for n, v in scores.items())  # noqa: E731
+    pairs = list(combinations(target.values(), 2))
+    tied = sum(a == b for a, b in pairs)
+    if tied == len(pairs):
+        suggestions = []
+        for other in CURVE_METRICS:
+            scores = {n: float(outcome_table([c], rows, CURVE_METRICS[other])[0].mean()) for n, c in target_cells.items()}
+            if other != metric and _separates(list(scores.values())):
+                suggestions.append(f"--target-metric {other} ({shown(scores)})")
+        if other_target is not None:
+            scores = {n: float(outcome_table([c], rows, CURVE_METRICS[metric])[0].mean()) for n, c in other_target["cells"].items()}
+            if _separates(list(scores.values())):
+                suggestions.append(f"{other_target['option']} ({shown(scores)})")
+        fix = f"; the folder's cells would order them with {' or '.join(suggestions)}" if suggestions else \
+            "; no other target in the folder orders them either: evaluate more rows, or later checkpoints"
+        notes.append(f"Decision accuracy is n/a at every budget: the target's {metric} ties every pair of recipes ({shown(target)}){fix}.")
+    elif tied:
+        notes.append(f"The target ties {tied} of {len(pairs)} recipe pairs ({shown(target)}): decision accuracy counts the other {len(pairs) - tied}.")
+    if first_common is not None and first_common > first_budget:
+        notes.append(f"Budgets below {first_common:g} are left out: not every recipe has a checkpoint within them.")
+    for method, budgets_found in found["decisions"].items():
+        last = budgets_found[-1]["decision_accuracy"]["value"] if budgets_found else None
+        if found["earliest"][method] is None and last is not None:
+            notes.append(f"{method} decides from no budget: its decision accuracy at the last budget is {last:.2f}, below the threshold {threshold:g}.")
+        recipes = {name: r for name, r in found["recipes"][method].items() if name != "signal_to_noise"}
+        single = [name for name, r in recipes.items() if r["noise"] is None]
+        flat = [name for name, r in recipes.items() if r["monotonicity"] is None and name not in single]
+        if single:
+            notes.append(f"{method}: noise and monotonicity are n/a for {', '.join(single)}: fewer than 2 checkpoints.")
+        if flat:
+            notes.append(f"{method}: monotonicity is n/a for {', '.join(flat)}: {metric} does not change across checkpoints.")
+        if found["recipes"][method]["signal_to_noise"] is None:
+            why = "no recipe has 2 checkpoints" if len(single) == len(recipes) else f"the recipes' last {NOISE_CHECKPOINTS} checkpoints do not vary (noise 0)"
+            notes.append(f"{method}: signal to noise is n/a: {why}.")
+    return notes
 
 
 def _curve(table: np.ndarray, n_resamples: int, seed: int) -> list[dict]:

@@ -1,5 +1,5 @@
 """Models: loading by alias, folder or hub id (the offline GGUF packages converted once into a
-cache), a model's identity read from its config, whether the hub can be reached, and memory the
+cache), a model's identity read from its config and its weight files' hashes, whether the hub can be reached, and memory the
 process keeps between batches.
 """
 
@@ -19,9 +19,12 @@ EXPORTS = {
     "expand_checkpoints": "loading",
     "free_hub_weights": "loading",
     "load_model": "loading",
+    "local_checkpoint": "loading",
     "model_kind": "loading",
     "model_name": "loading",
     "prepare_alias": "loading",
+    # fingerprint
+    "weights_sha256": "fingerprint",
     # memory
     "kept_free_bytes": "memory",
 }

@@ -24,6 +24,7 @@ from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
 from softeval.errors import SoftevalError
+from softeval.models.fingerprint import WEIGHT_SUFFIXES, weights_sha256
 from softeval.models.hub import hub_unreachable, offline
 from softeval.models.memory import keep_freed_memory, release_freed_memory
 from softeval.progress import console
@@ -199,7 +200,7 @@ def load_model(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
-    path = Path(spec).expanduser()
+    path = Path(local_checkpoint(spec)).expanduser()
     post_trained_hint = None
     kind = model_kind(spec)
     if kind == "alias":
@@ -209,9 +210,9 @@ def load_model(
         where = str(folder)
     elif kind == "gguf":
         where, kwargs["gguf_file"] = str(path.parent), path.name
-        source = {"gguf": str(path)}
-    elif kind == "folder":
-        where, source = str(path), {"folder": str(path.resolve())}
+        source = {"gguf": str(path), "weights_sha256": weights_sha256(path)}
+    elif kind == "folder":  # its weights too: a checkpoint rewritten in place is another model
+        where, source = str(path), {"folder": str(path.resolve()), "weights_sha256": weights_sha256(path)}
     else:
         where, revision = split_revision(spec)
         source = {"hub_id": where}
@@ -246,6 +247,9 @@ def load_model(
         def checked_weights() -> torch.nn.Module:
             network = weights()
             check_same_model(spec, skeleton, network, tokenizer)
+            if kind == "folder" and weights_sha256(path) != source["weights_sha256"]:
+                raise SoftevalError(f"model '{spec}': its weight files changed since the command read them; "
+                                    "wait for whatever writes them to finish, then run it again")
             return network
 
         lm = _describe(spec, skeleton, tokenizer, model_identity(spec, skeleton, source), post_trained_hint, checked_weights)
@@ -271,9 +275,6 @@ def hub_commit(hub_id: str, revision: str | None) -> str:
     # the snapshot folder a file lies in is named by its commit
     config = hf_hub_download(hub_id, "config.json", revision=revision)
     return Path(config).parent.name
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
 
 def free_hub_weights(hub_id: str, commit: str) -> int:
@@ -365,9 +366,9 @@ def _quiet_weight_loading() -> Iterator[None]:
 def model_kind(spec: str) -> str:
     """"alias", "gguf", "folder" or "hub" for a --model value; an error for one that is none of them
     (checked before any work, without loading anything)."""
-    path = Path(spec).expanduser()
     if spec in ALIASES:
         return "alias"
+    path = Path(local_checkpoint(spec)).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise SoftevalError(f"GGUF file not found: {path}")
@@ -408,10 +409,26 @@ def checkpoint_tokens(name: str) -> float | None:
     return float(match.group(1)) * _TOKEN_UNITS[match.group(2).lower()] if match else None
 
 
+def local_checkpoint(spec: str) -> str:
+    """A checkpoint as softeval names it, `PATH/run@checkpoint-N`, as its folder `PATH/run/checkpoint-N`
+    where PATH/run is a local folder; any other value as it is."""
+    base, at, name = spec.rpartition("@")
+    if not at or not name or Path(spec).expanduser().exists() or not Path(base).expanduser().is_dir():
+        return spec
+    folder = Path(base) / name
+    if not folder.expanduser().is_dir():
+        held = [c.name for c in sorted(Path(base).expanduser().iterdir()) if c.is_dir() and checkpoint_step(c.name) is not None]
+        holds = f"it holds {', '.join(held[:8])}" + (" ..." if len(held) > 8 else "") if held else "it holds no checkpoint folders"
+        raise SoftevalError(f"model '{spec}': no checkpoint folder {folder}; {holds}")
+    return str(folder)
+
+
 def expand_checkpoints(spec: str) -> list[str]:
     """The models a --model value stands for: itself; or, for a training run's folder (no
     config.json of its own, checkpoint folders inside: checkpoint-N/, step-N/, iter_N/, ...) or
-    a glob of folders, each checkpoint that holds a model, in step order."""
+    a glob of folders, each checkpoint that holds a model, in step order. A checkpoint named as
+    softeval names it (run@checkpoint-N) stands for its folder."""
+    spec = local_checkpoint(spec)
     if any(c in spec for c in "*?["):
         folders = [Path(f) for f in glob.glob(os.path.expanduser(spec)) if Path(f, "config.json").is_file()]
         if not folders:

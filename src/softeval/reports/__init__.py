@@ -7,6 +7,7 @@ from softeval._lazy import lazy_exports
 
 EXPORTS = {
     # series
+    "analysis_files": "series",
     "analyze": "series",
     "update_analysis": "series",
     # comparison

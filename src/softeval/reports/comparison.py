@@ -19,6 +19,7 @@ from softeval.analysis import (
     paired_comparisons,
     tuned_agreement,
 )
+from softeval.models import model_name
 from softeval.scoring import (
     COLLAPSE_MARGIN,
     COLLAPSE_MIN_ANSWERS,
@@ -49,7 +50,7 @@ def format_metric(m: Metric) -> str:
 def rows(results: list, among: list | None = None) -> list[list[str]]:
     flagged = cell_flags(results, among)
     return [
-        [r.config["model"], r.config["task"], cell_label(r.config), str(len(r.samples))]
+        [model_name(r.config["model"]), r.config["task"], cell_label(r.config), str(len(r.samples))]
         + [format_metric(r.metrics[name]) for name in METRICS]
         + ["; ".join(flagged[id(r)])]
         for r in results
@@ -79,7 +80,7 @@ def diagnostics_table(results: list) -> list[str]:
             continue
         distribution = ", ".join(f"{k} {v}" for k, v in (d.answer_distribution or {}).items()) or "-"
         common = f"{d.most_common_answer} ({percent(d.most_common_share)})" if d.most_common_answer else "-"
-        cells = [r.config["model"], cell_label(r.config), distribution, common, percent(d.chance), percent(d.majority_share),
+        cells = [model_name(r.config["model"]), cell_label(r.config), distribution, common, percent(d.chance), percent(d.majority_share),
                  percent(d.most_common_accuracy), percent(d.empty_share), percent(d.ambiguous_share), percent(d.conflict_share)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

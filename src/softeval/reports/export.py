@@ -8,6 +8,10 @@ apart (strict from lenient answers, format from knowledge, each score's bootstra
   `<model>/samples_<task>_<time>.jsonl`, one results file per model, method and chat mode with
   that group's tasks; the method is part of the model's name, so methods never share a file.
 
+A series checkpoint's cells record its recipe, checkpoint, step and tokens (lm-eval: in the
+config's `model_args` and the `softeval` block; Every Eval Ever: in the model's and the
+generation's details), so a folder's series can be rebuilt from either export.
+
 Metric names in lm-eval's `metric,filter` spelling: the filter says how the answer was read.
 
 | softeval             | lm-eval key                                                              |
@@ -30,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from softeval.errors import SoftevalError
-from softeval.reports.export_cells import described
+from softeval.reports.export_cells import described, series_checkpoints
 from softeval.reports.export_eee import write_eee
 from softeval.reports.export_lm_eval import write_lm_eval
 
@@ -50,6 +54,6 @@ def export_folder(folder: str | Path, fmt: str, output: str | Path | None = None
     results = finished_cells(folder)
     if not results:
         raise SoftevalError(f"{folder} holds no finished cells (OUTPUT/<model>/<task>/<method>/results.json); run softeval eval, run or study into it")
-    cells = described(results)
+    cells = described(results, series_checkpoints(folder))
     output = Path(output) if output is not None else folder / "export" / fmt
     return write_eee(cells, output) if fmt == "eee" else write_lm_eval(cells, output)

@@ -11,11 +11,12 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from softeval.errors import SoftevalError
 from softeval.models import ALIASES, model_name
-from softeval.scoring import ROW_METRICS, EvalResult, Metric, aggregate
+from softeval.scoring import ROW_METRICS, SERIES_FILE, EvalResult, Metric, aggregate
 
 if TYPE_CHECKING:
     from softeval.tasks import TaskSpec
@@ -52,6 +53,24 @@ class Cell:
     knowledge: str  # how knowledge was scored: a key of KNOWLEDGE_SCORING
     spec: TaskSpec | None  # the task spec the cell read, where it still says the same
     flags: list[str]  # why its scores may mean little (see analysis.cell_flags)
+    checkpoint: dict | None = None  # a series checkpoint's recipe, checkpoint name, step and tokens
+
+    @property
+    def prompt_template(self) -> str | None:
+        """The task's own prompt: its spec's template, or for a task of lm-eval, lm-eval's
+        `doc_to_text` (softeval's template of such a task only reads what lm-eval computed)."""
+        if self.spec is None:
+            return None
+        if self.spec.lm_eval is not None:
+            from softeval.tasks.lm_eval import lm_eval_prompt
+
+            return lm_eval_prompt(self.spec.lm_eval.task)
+        return self.spec.template
+
+    @property
+    def series_details(self) -> dict:
+        """recipe, checkpoint, step and tokens of a series checkpoint's cell; {} for other models."""
+        return dict(self.checkpoint or {})
 
     @property
     def task(self) -> str:
@@ -74,8 +93,9 @@ class Cell:
         return self.knowledge if metric == "knowledge" else METRIC_FILTERS[metric]
 
 
-def described(results: list[EvalResult]) -> list[Cell]:
-    """The cells with what the exports say of them, each task spec read once."""
+def described(results: list[EvalResult], checkpoints: dict[str, dict] | None = None) -> list[Cell]:
+    """The cells with what the exports say of them, each task spec read once; `checkpoints` are
+    the folder's series checkpoints by model name (see `series_checkpoints`)."""
     from softeval.analysis import cell_flags, cell_label
 
     flagged = cell_flags(results)
@@ -85,8 +105,24 @@ def described(results: list[EvalResult]) -> list[Cell]:
         where = (r.data.get("task_spec"), r.config["task"], r.data.get("spec_sha256"))
         if where not in specs:
             specs[where] = task_spec(*where)
-        cells.append(Cell(r, cell_label(r.config), model_id(r), knowledge_scoring(r, specs[where]), specs[where], flagged[id(r)]))
+        checkpoint = (checkpoints or {}).get(model_name(r.config["model"]))
+        cells.append(Cell(r, cell_label(r.config), model_id(r), knowledge_scoring(r, specs[where]), specs[where], flagged[id(r)], checkpoint))
     return cells
+
+
+def series_checkpoints(folder: Path) -> dict[str, dict]:
+    """Each series checkpoint of a folder (its series.json) by model name: its recipe, checkpoint
+    name, step and tokens, so that a series can be rebuilt from the exported files."""
+    from softeval.analysis.series import read_series
+
+    if not (Path(folder) / SERIES_FILE).is_file():
+        return {}
+    found = {}
+    for recipe, recorded in read_series(folder).items():
+        for point in recorded["checkpoints"]:
+            label = point["model"].split("@", 1)[-1]
+            found[point["model"]] = {"recipe": recipe, "checkpoint": label, "step": point.get("step"), "tokens": point.get("tokens")}
+    return found
 
 
 def task_spec(path: str | None, task: str, sha256: str | None) -> TaskSpec | None:

@@ -120,6 +120,8 @@ def eee_model_info(cell: Cell) -> dict:
             "dtype": model.get("dtype"),
             "config_sha256": model.get("config_sha256"),
             "gguf_sha256": identity.get("gguf_sha256"),
+            "weights_sha256": identity.get("weights_sha256"),
+            **cell.series_details,
             "revision": identity.get("revision"),
             "commit": identity.get("commit"),
         }),
@@ -190,8 +192,9 @@ def eee_generation(cell: Cell) -> dict:
     config, spec = cell.result.config, cell.spec
     arguments = {"temperature": 0.0, "max_tokens": config["max_new_tokens"]}
     if spec is not None:
-        arguments["prompt_template"] = spec.template
-    return {"generation_args": arguments, "additional_details": strings(method_details(cell) | {"stop": config.get("stop")})}
+        arguments["prompt_template"] = cell.prompt_template
+    details = method_details(cell) | {"stop": config.get("stop")} | cell.series_details
+    return {"generation_args": arguments, "additional_details": strings(details)}
 
 
 def eee_instances(cell: Cell, evaluation_id: str) -> list[dict]:

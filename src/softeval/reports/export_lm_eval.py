@@ -69,7 +69,8 @@ def lm_eval_results(group: list[Cell], name: str, samples: dict[str, list[dict]]
         "n-samples": {c.task: {"original": c.result.data.get("rows", len(c.result.samples)), "effective": len(c.result.samples)} for c in group},
         "config": {
             "model": "softeval",
-            "model_args": {"pretrained": first.config["model"], "method": first.config["method"], "chat": bool(first.config.get("chat"))},
+            "model_args": {"pretrained": first.config["model"], "method": first.config["method"], "chat": bool(first.config.get("chat")),
+                           **group[0].series_details},
             "model_num_parameters": first.model.get("n_parameters"),
             "model_dtype": first.model.get("dtype"),
             "model_revision": (first.identity.get("model") or {}).get("revision"),
@@ -116,7 +117,7 @@ def lm_eval_task_config(cell: Cell) -> dict:
     task_config = {"task": cell.task, "test_split": config.get("eval_split") or data.get("split")}
     if spec is not None:
         ds = spec.dataset
-        task_config |= {"dataset_path": ds.path, "dataset_name": ds.config, "doc_to_text": spec.template, "description": spec.instruction or None}
+        task_config |= {"dataset_path": ds.path, "dataset_name": ds.config, "doc_to_text": cell.prompt_template, "description": spec.instruction or None}
     return task_config | {
         "output_type": "generate_until",
         "generation_kwargs": {"until": config.get("stop"), "max_gen_toks": config["max_new_tokens"], "do_sample": False, "temperature": 0.0},
@@ -153,6 +154,7 @@ def lm_eval_softeval_block(group: list[Cell]) -> dict:
             c.task: {f"{m},{c.filter_of(m)}": c.result.metrics[m].model_dump() for m in METRICS} for c in group
         },
         "flags": {c.task: c.flags for c in group},
+        "series": group[0].series_details or None,  # a checkpoint's recipe, checkpoint, step and tokens
     }
 
 

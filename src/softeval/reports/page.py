@@ -98,7 +98,8 @@ def run_header(folder: Path, results: list[EvalResult]) -> dict:
     for r in results:
         name = cell_key(r)[0]
         identity = r.model
-        source = identity.get("gguf_sha256") or identity.get("folder") or identity.get("hub_id") or identity.get("gguf") or ""
+        source = (identity.get("gguf_sha256") or identity.get("weights_sha256") or identity.get("commit") or identity.get("folder")
+                  or identity.get("hub_id") or identity.get("gguf") or "")
         models[name] = {
             "name": name,
             "spec": identity.get("spec", r.config["model"]),
@@ -303,11 +304,12 @@ def series_view(folder: Path) -> dict | None:
     tasks = [
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
          "noise": noise_rows(analysis, found), "signal": signal_text(found), "format_gap": format_gap_lines(found),
-         "chart": _svg(curves_figure(found, task))}
+         "chart": _svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", [])}
         for task, found in analysis["tasks"].items()
     ]
     recipes = ", ".join(f"{name} ({len(points)} checkpoints)" for name, points in analysis["series"].items())
-    return {"recipes": recipes, "target": target_text(analysis), "threshold": analysis["threshold"], "tasks": tasks}
+    return {"recipes": recipes, "target": target_text(analysis), "threshold": analysis["threshold"], "tasks": tasks,
+            "skipped": list(analysis.get("skipped", {}).items())}
 
 
 def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:

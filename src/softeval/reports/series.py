@@ -22,10 +22,19 @@ def analyze(folder: Path, **settings) -> dict:
     folder = Path(folder)
     analysis = series_analysis(folder, **settings)
     for task, found in analysis["tasks"].items():
-        _plot(found, task, folder / f"analysis_{task}.png")
+        _plot(found, task, analysis["target"]["metric"], chart_path(folder, task))
     write_json_atomic(folder / "analysis.json", analysis)
     write_text_atomic(folder / "analysis.md", analysis_markdown(analysis))
     return analysis
+
+
+def chart_path(folder: Path, task: str) -> Path:
+    return Path(folder) / f"analysis_{task}.png"
+
+
+def analysis_files(folder: Path, analysis: dict) -> list[Path]:
+    """The files an analysis wrote, as the commands name them: analysis.md first, then the charts."""
+    return [Path(folder) / "analysis.md"] + [chart_path(folder, task) for task in analysis["tasks"]]
 
 
 def update_analysis(folder: Path) -> dict | None:
@@ -73,8 +82,9 @@ def target_text(analysis: dict) -> str:
         first = next(iter(analysis["references"].values()))
         how = f"{first['method']}{' with its chat template' if first['chat'] else ''}"
         return f"each recipe's post-trained reference model's {target['metric']} ({how})"
+    why = f"; not the references: {target['why']}" if target.get("why") else ""
     return (f"each recipe's last checkpoint's {target['method']} {target['metric']} (that method orders the last budget "
-            "perfectly by construction: compare methods on the budgets before it)")
+            f"perfectly by construction: compare methods on the budgets before it{why})")
 
 
 def decision_rows(found: dict) -> list[list[str]]:
@@ -128,13 +138,18 @@ def analysis_markdown(analysis: dict) -> str:
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", signal_text(found)]
+        if found.get("notes"):
+            lines += ["", "Why a figure is n/a or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
         if found["format_gap"]:
             lines += ["", "Format gap in task accuracy per checkpoint:", ""] + [f"* {line}" for line in format_gap_lines(found)]
+    for task, why in analysis.get("skipped", {}).items():
+        lines += ["", f"## {task}: not analysed", "", f"{why}."]
     return "\n".join(lines) + "\n"
 
 
-def curves_figure(found: dict, task: str):
-    """Each recipe's task accuracy against the budget axis, one panel per method, with 95% bands."""
+def curves_figure(found: dict, task: str, metric: str):
+    """Each recipe's `metric` (the one the analysis decides on) against the budget axis, one panel
+    per method, with 95% bands."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +158,7 @@ def curves_figure(found: dict, task: str):
     methods = list(found["curves"])
     fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.2), sharey=True, squeeze=False)
     for ax, method in zip(axes[0], methods):
-        for name, curve in found["curves"][method]["task_accuracy"].items():
+        for name, curve in found["curves"][method][metric].items():
             xs = found["x"][name]
             ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
             low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
@@ -153,16 +168,16 @@ def curves_figure(found: dict, task: str):
             ax.set_xscale("log")  # checkpoints are often spaced by doubling
         ax.set_title(method)
         ax.set_xlabel(found["axis"])
-    axes[0][0].set_ylabel(f"{task} task accuracy")
+    axes[0][0].set_ylabel(f"{task} {metric.replace('_', ' ')}")
     axes[0][0].legend()
     fig.tight_layout()
     return fig
 
 
-def _plot(found: dict, task: str, path: Path) -> None:
+def _plot(found: dict, task: str, metric: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig = curves_figure(found, task)
+    fig = curves_figure(found, task, metric)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=90)

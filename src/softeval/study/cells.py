@@ -18,6 +18,7 @@ from softeval.tasks import TaskSpec
 from softeval.tuning import (
     TUNED,
     WEIGHTS,
+    WEIGHTS_KEY,
     Adapter,
     SoftPrompt,
     TuneConfig,
@@ -95,7 +96,8 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
                 log.warning("%s: %d completions are judged otherwise by this version's parsers; its scores are updated", folder, changed)
             return CellReport(folder, "skipped")
     elif finished is not None and not force:  # replaced, so say why: the old cell is gone after this
-        log.warning("evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
+        level = logging.INFO if tell_changed_weights(lm, finished.get("model")) else logging.WARNING
+        log.log(level, "evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
     result = evaluate(
         lm, spec, method, **settings, batch_size=study.batch_size, role=role, progress=progress,
         soft_prompt=tuned if method == "soft-prompt" else None, adapter=tuned if method == "lora" else None,
@@ -134,12 +136,36 @@ def tuned_or_reused(
         if changed is None:
             log.info("reusing %s", saved.path)
             return saved
-        log.warning("tuning %s again: its %s changed", folder, changed)
+        level = logging.INFO if changed == "model" and tell_changed_weights(lm, saved.metadata.get("model")) else logging.WARNING
+        log.log(level, "tuning %s again: its %s changed", folder, changed)
     if sweeping:
         return sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
     resume = not force and checkpoint_matches(folder / "checkpoint.safetensors", config, lm, spec)
     return tune(lm, spec, config, output=folder, data_dir=data_dir, resume=resume, progress=progress, produced=produced,
                 start=start[1] if start else None)
+
+
+_told_weights: set[tuple[str, str]] = set()
+
+
+def tell_changed_weights(lm: LoadedModel, recorded: dict | None) -> bool:
+    """Whether a finished cell or tuned prompt recorded this same local model with other weights
+    (a checkpoint retrained into its folder), said in one line per model and weights, however
+    many of its cells and prompts are computed again."""
+    now = lm.identity.get(WEIGHTS_KEY)
+    where = lambda identity: (identity.get("folder"), identity.get("gguf"))  # noqa: E731
+    if not recorded or now is None or recorded.get(WEIGHTS_KEY) == now or where(recorded) != where(lm.identity):
+        return False
+    if (lm.identity["spec"], now) not in _told_weights:
+        _told_weights.add((lm.identity["spec"], now))
+        before = recorded.get(WEIGHTS_KEY)
+        if before is None:
+            log.warning("%s: its finished cells and prompts were computed before softeval recorded a model's weights, so they may be "
+                        "of other weights; its cells and prompts are computed again", lm.identity["spec"])
+        else:
+            log.warning("the weights of %s changed since its cells were computed (sha256 %s -> %s); its cells and prompts are "
+                        "computed again", lm.identity["spec"], before[:12], now[:12])
+    return True
 
 
 def _saved_tuning(folder: Path, method: str) -> SoftPrompt | Adapter | None:

@@ -214,13 +214,18 @@ def effective_limit(limit: int | None, eval_data: dict) -> int | None:
 
 def identity_difference(old: dict, new: dict) -> str:
     """What changed between two cell identities, for the line that says a cell is redone."""
-    changed = [key for key in new if old.get(key) != new[key]]
     scalar = lambda v: v is None or isinstance(v, (str, int, float, bool))  # noqa: E731
     shown = lambda v: "none" if v is None else str(v)[:12]  # noqa: E731 - a hash's first digits tell it apart
-    return ", ".join(
-        f"{key} {shown(old.get(key))} -> {shown(new[key])}" if scalar(old.get(key)) and scalar(new[key]) else key
-        for key in changed
-    ) or "record format"
+    changed = []
+    for key in new:
+        before, after = old.get(key), new[key]
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):  # the model: which of its facts
+            changed += [f"{key} {sub} {shown(before.get(sub))} -> {shown(after.get(sub))}" for sub in after if before.get(sub) != after[sub]] or [key]
+        else:
+            changed.append(f"{key} {shown(before)} -> {shown(after)}" if scalar(before) and scalar(after) else key)
+    return ", ".join(changed) or "record format"
 
 
 def tuning_record(tuned: SoftPrompt | Adapter) -> dict:

@@ -68,6 +68,9 @@ class SeriesEntry(BaseModel):
     def _one_source(self) -> SeriesEntry:
         if (self.model is None) == (self.checkpoints is None) or (self.model is None) != (self.revisions is None):
             raise ValueError(f"series '{self.name}' needs either model and revisions, or checkpoints")
+        if self.model is not None and Path(self.model).expanduser().exists():
+            raise ValueError(f"series '{self.name}': {self.model} is a local folder, and revisions are a hub model's branches or tags; "
+                             f"give its checkpoints instead (checkpoints: {self.model})")
         return self
 
     def specs(self) -> list[str]:

@@ -8,6 +8,7 @@ Built-in specs live in `softeval/tasks/builtin/*.yaml`; a user spec is any YAML 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import random
 import re
@@ -264,6 +265,9 @@ def _spec_file(name_or_path: str | Path, relative_to: Path | None = None) -> Pat
         return builtins[str(name_or_path)]
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
+        close = difflib.get_close_matches(str(name_or_path).replace("-", "_").lower(), builtin_tasks(), n=1, cutoff=0.7)
+        if close:
+            raise SoftevalError(f"unknown task '{name_or_path}'; did you mean '{close[0]}'? (softeval tasks lists them)")
         raise SoftevalError(
             f"unknown task '{name_or_path}'; known tasks: {', '.join(builtin_tasks())}, lm-eval:NAME for a task of lm-evaluation-harness, "
             "or give a path to a task YAML"

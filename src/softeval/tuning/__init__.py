@@ -21,6 +21,7 @@ EXPORTS = {
     "lora_applied": "lora",
     # softprompt
     "MODEL_KEYS": "softprompt",
+    "WEIGHTS_KEY": "softprompt",
     "identity_keys": "softprompt",
     "SoftPrompt": "softprompt",
     "check_made_for": "softprompt",

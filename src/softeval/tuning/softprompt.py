@@ -124,11 +124,15 @@ MODEL_KEYS = ("model_type", "n_parameters", "vocab_size", "hidden_size", "config
 # A hub model named with a revision is also that revision at the commit it resolved to (a branch
 # that moves is another model); a model named without one keeps the identity it always had.
 REVISION_KEYS = ("revision", "commit")
+# A local folder or GGUF file is also its weights (a checkpoint rewritten in place is another
+# model); an identity recorded before weights were hashed lacks the key, and so differs.
+WEIGHTS_KEY = "weights_sha256"
 
 
 def identity_keys(identity: dict) -> tuple[str, ...]:
     """The keys that say which model an identity is."""
-    return MODEL_KEYS + (REVISION_KEYS if identity.get("revision") else ())
+    weights = (WEIGHTS_KEY,) if identity.get(WEIGHTS_KEY) else ()
+    return MODEL_KEYS + weights + (REVISION_KEYS if identity.get("revision") else ())
 
 
 def model_difference(made_for: dict, model: dict) -> str | None:
