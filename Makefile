@@ -6,7 +6,7 @@ OUT   ?= runs/demo
 # torch first and alone: a pinned CPU build; an unpinned torch would pull a multi-GB CUDA build
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install bench-parity
+.PHONY: demo test install bench-parity testbed
 
 install: $(VENV)/.installed
 
@@ -38,3 +38,10 @@ test: install
 bench-parity: install
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) benchmarks/lm_eval_parity.py --data-dir $(DATA)
+
+# The known-truth testbed at its full size: build it (world, recipes, checkpoints, references,
+# ground truth), run its study, analysis included.
+TESTBED ?= runs/testbed
+testbed: install
+	$(VENV)/bin/softeval testbed $(TESTBED) --size full --data-dir $(DATA)
+	$(VENV)/bin/softeval study $(TESTBED)/study.yaml --output $(TESTBED)-study

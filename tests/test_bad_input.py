@@ -542,7 +542,7 @@ def test_revisions_of_a_local_run_folder_point_to_checkpoints(tmp_path, monkeypa
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump({"series": [{"name": "a", "model": str(tmp_path / "run"), "revisions": ["checkpoint-10"]}], "tasks": ["arc_easy"]}))
     err = user_sees(monkeypatch, capsys, "study", study, "--output", tmp_path / "out")
-    assert err.endswith(f"series 'a': {tmp_path / 'run'} is a local folder, and revisions are a hub model's branches or tags; "
+    assert err.endswith(f"series 'a': {tmp_path / 'run'} is a local training run's folder, and revisions are a hub model's branches or tags; "
                         f"give its checkpoints instead (checkpoints: {tmp_path / 'run'}); fix the study file")
 
 

@@ -289,13 +289,24 @@ def test_a_checkpoint_rewritten_in_place_is_computed_again_and_the_others_kept(t
     now = json.loads(files[("run@checkpoint-20", "zero-shot")].read_text())["identity"]["model"].get("weights_sha256")
     assert now != recorded
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "weights" in r.getMessage()]
-    assert recorded and said == [f"the weights of {tmp_path / 'run' / 'checkpoint-20'} changed since its cells were computed "
+    assert recorded and said == [f"the weights of run@checkpoint-20 ({tmp_path / 'run' / 'checkpoint-20'}) changed since its cells were computed "
                     f"(sha256 {recorded[:12]} -> {now[:12]}); its cells and prompts are computed again"]
+    assert not [r for r in caplog.records if r.levelno >= 20 and "again" in r.getMessage() and r.getMessage() not in said]  # one line, not one per cell
+
+    # the old prompt, given for the new weights, is refused as of other weights
+    from softeval.models import load_model
+    from softeval.tasks import load_task
+    from softeval.tuning import load_soft_prompt
+
+    stale = load_soft_prompt(prompts["run@checkpoint-20"])
+    stale.metadata["model"]["weights_sha256"] = recorded
+    with pytest.raises(SoftevalError, match=r"was tuned for other weights of model .*checkpoint-20', whose weight files have changed since; tune one"):
+        stale.check(load_model(str(tmp_path / "run" / "checkpoint-20"), device="cpu", lazy=True), load_task(task), chat=False)
 
 
 def _write_cell(out, model: str, method: str, correct: list[int], knows: list[int], chat: bool = False) -> None:
     """A finished cell of task `quiz` whose rows have these task and knowledge outcomes."""
-    from softeval.scoring import EvalResult, Metric
+    from softeval.scoring import METRICS, EvalResult, Metric
     from softeval.scoring.metrics import Sample
 
     samples = [
@@ -307,7 +318,7 @@ def _write_cell(out, model: str, method: str, correct: list[int], knows: list[in
     ]
     none = Metric(value=None, ci_low=None, ci_high=None)
     config = {"model": model, "task": "quiz", "method": method, "chat": chat, "k": 0, "seed": 0}
-    EvalResult(config=config, metrics=dict.fromkeys(("format_following", "task_accuracy", "knowledge"), none), samples=samples,
+    EvalResult(config=config, metrics=dict.fromkeys(METRICS, none), samples=samples,
                model={}, data={"spec_sha256": "s", "split": "test", "sha256": "d", "rows": len(samples)}, timings={},
                n_truncated=0).save(out / model / "quiz" / (method + ("-chat" if chat else "")))
 
@@ -386,8 +397,14 @@ def test_an_analysis_names_the_task_it_could_not_analyse_and_why(tmp_path):
     shutil.rmtree(tmp_path / "b-ref")
     with pytest.raises(SoftevalError, match=r"quiz: the reference b-ref has no finished cell on it; run the study's cells first"):
         series_analysis(tmp_path)
-    analysis = series_analysis(tmp_path, target="last", target_method="soft-prompt")
-    assert analysis["tasks"]["quiz"]["rows"] == 8
+    # no method finished on every checkpoint (cells failed overnight): said, not a crash
+    shutil.rmtree(tmp_path / "a@step-1" / "quiz" / "zero-shot")
+    shutil.rmtree(tmp_path / "b@step-2" / "quiz" / "soft-prompt")
+    with pytest.raises(SoftevalError, match=r"quiz: no method has a finished cell on every checkpoint \(zero-shot lacks a@step-1, soft-prompt lacks b@step-2\)"):
+        series_analysis(tmp_path, target="last")
+    _write_cell(tmp_path, "a@step-1", "zero-shot", [0] * 8, [1] * 8)  # zero-shot is whole again: analysed on it
+    analysis = series_analysis(tmp_path, target="last", target_method="zero-shot")
+    assert analysis["tasks"]["quiz"]["rows"] == 8 and list(analysis["tasks"]["quiz"]["decisions"]) == ["zero-shot"]
 
 
 def test_a_checkpoint_named_as_softeval_names_it_is_its_folder(tmp_path, tiny_model_dirs):
@@ -407,6 +424,10 @@ def test_a_checkpoint_named_as_softeval_names_it_is_its_folder(tmp_path, tiny_mo
     assert local_checkpoint(named) == str(tmp_path / "run" / "checkpoint-20") and model_kind(named) == "folder"
     assert model_name(named) == model_name(local_checkpoint(named)) == "run@checkpoint-20"
     assert local_checkpoint("EleutherAI/pythia-70m@step3000") == "EleutherAI/pythia-70m@step3000"  # a hub revision stays one
+    assert local_checkpoint(named + "/") == str(tmp_path / "run" / "checkpoint-20") and model_name(named + "/") == "run@checkpoint-20"
+    # a model folder named like a hub id (a local clone) is no run folder: its '@' stays a revision
+    shutil.copytree(tiny_model_dirs["llama"], tmp_path / "org" / "clone")
+    assert local_checkpoint(str(tmp_path / "org" / "clone@step3000")) == str(tmp_path / "org" / "clone@step3000")
     task = write_user_task(tmp_path, STUDY_ROWS)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["eval", "--model", named, "--task", str(task), "--limit", "4", "--output", str(out)])
@@ -420,3 +441,36 @@ def test_a_checkpoint_named_as_softeval_names_it_is_its_folder(tmp_path, tiny_mo
     again = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run" / "checkpoint-20"), "--task", str(task), "--limit", "4",
                                      "--output", str(out)])
     assert again.exit_code == 0 and "1 of 1 cells were finished already" in again.output
+
+
+def test_agreement_with_true_knowledge_is_kendall_tau_b_over_checkpoints(tmp_path):
+    """With a ground truth in the folder, the analysis gives per method and metric Kendall tau-b
+    of the checkpoints' scores against their shares of known facts, on the same rows; a row
+    bootstrap interval around it; and the findings state it per method."""
+    import json
+
+    from scipy.stats import kendalltau
+
+    from softeval.analysis import finished_cells
+    from softeval.reports import write_comparison
+    from softeval.reports.series import analyze
+
+    _tied_folder(tmp_path)
+    known = {"a@step-1": [1, 0, 0, 0, 0, 0, 0, 0], "a@step-2": [1, 1, 1, 0, 0, 0, 0, 0], "a@step-3": [1, 1, 1, 1, 1, 1, 0, 0],
+             "b@step-1": [0, 0, 0, 0, 0, 0, 0, 1], "b@step-2": [1, 1, 0, 0, 0, 0, 0, 0], "b@step-3": [1, 1, 1, 1, 0, 0, 0, 0]}
+    (tmp_path / "ground_truth.json").write_text(json.dumps({"tasks": ["quiz"], "models": known}))
+    truth = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]["truth"]
+    assert truth["checkpoints"] == 6 and truth["rows"] == 8
+    names = list(known)
+    shares = [sum(known[n]) / 8 for n in names]
+    cells = {(r.config["model"], r.config["method"]): r for r in finished_cells(tmp_path)}
+    scores = [sum(s.knowledge_correct for s in cells[(n, "zero-shot")].samples) / 8 for n in names]
+    tau = truth["agreement"]["zero-shot"]["knowledge"]
+    assert tau["value"] == pytest.approx(kendalltau(scores, shares).statistic)
+    assert tau["ci_low"] <= tau["value"] <= tau["ci_high"]
+    assert truth["agreement"]["zero-shot"]["task_accuracy"]["value"] is None  # task accuracy is 0 throughout: no order
+
+    write_comparison(tmp_path)
+    findings = [f for f in json.loads((tmp_path / "comparison.json").read_text())["findings"] if f["claim"] == "true_knowledge"]
+    assert {(f["method"], f["task"], f["verdict"]) for f in findings} == {("zero-shot", "quiz", "undetermined"), ("soft-prompt", "quiz", "undetermined")}
+    assert "Kendall tau-b of the checkpoints' scores against their true knowledge" in (tmp_path / "analysis.md").read_text()

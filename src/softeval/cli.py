@@ -377,13 +377,36 @@ def analyze_command(
         raise SoftevalError(f"--target: unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
     if not folder.is_dir():
         raise SoftevalError(f"no results folder at {folder}; give the --output folder of softeval study")
-    from softeval.reports import analyze, write_page
+    from softeval.reports import analyze, write_comparison, write_page
 
     analyze(folder, target=target, target_method=target_method, target_metric=target_metric, threshold=threshold)
+    write_comparison(folder)  # its findings read the analysis (agreement with true knowledge)
     page = write_page(folder)  # its section on checkpoints
     stdout.print((folder / "analysis.md").read_text(encoding="utf-8"), highlight=False, markup=False)
     print_analysis_files(folder)
     stdout.print(f"report: {page}", highlight=False)
+
+
+@app.command("testbed")
+def testbed_command(
+    folder: Annotated[Path, typer.Argument(help="Where the testbed goes: world, tasks, checkpoints, references, ground truth, study.yaml.")],
+    seed: Annotated[int, typer.Option(min=0, help="Seeds the world, the data and every model's training.")] = 0,
+    size: Annotated[str, typer.Option(help="small (the test suite's) or full (make testbed).")] = "small",
+    data_dir: DataDir = None,
+) -> None:
+    """Build a pre-training testbed where the truth is known: recipes of tiny models that know a
+    measured share of invented facts, their checkpoints and post-trained references, and a study."""
+    from softeval.tasks import resolve_data_dir
+    from softeval.testbed import SIZES, build_testbed, describe
+
+    if size not in SIZES:
+        raise SoftevalError(f"--size: unknown size '{size}'; choose one of: {', '.join(SIZES)}")
+    check_output(folder, "FOLDER")
+    design = build_testbed(folder, seed=seed, size=size, data_dir=resolve_data_dir(data_dir))
+    for line in describe(design):
+        stdout.print(line, highlight=False, markup=False)
+    stdout.print(f"built in {design['seconds']:.0f} s; wrote {folder / 'study.yaml'}; run it with: softeval study {folder / 'study.yaml'} --output OUT",
+                 highlight=False)
 
 
 @app.command("report")

@@ -78,7 +78,7 @@ def finished_cells(folder: Path) -> list[EvalResult]:
 def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict]:
     """For each model, task and chat mode, each method minus a baseline on the rows both were
     evaluated on, with paired bootstrap 95% intervals."""
-    cells = {(r.model.get("spec", r.config["model"]), r.config["task"], bool(r.config.get("chat")), r.config["method"]): r for r in results}
+    cells = {(cell_key(r)[0], r.config["task"], bool(r.config.get("chat")), r.config["method"]): r for r in results}
     comparisons = []
     for (model, task, chat, method), result in cells.items():
         for first, baseline in PAIRS:

@@ -34,6 +34,10 @@ The claims and their rules:
 6. `soft_prompt_vs_lora`: soft-prompt and LoRA task accuracy line up across cells: Pearson r
    (Kendall tau-b beside it). Holds where r's interval lies above LINE_UP_R, does not hold where
    it lies below.
+7. `true_knowledge` (where a study declares a ground truth, as the testbed's does): a method's
+   task accuracy orders the series' checkpoints by the share of test facts they truly know:
+   Kendall tau-b with a row-bootstrap interval, from the series analysis. Holds where the interval
+   lies above TRUE_KNOWLEDGE_TAU, does not hold where it lies below.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ MIN_PLATEAU = 0.5  # a plateau below this share of formatted answers is no satur
 KNOWLEDGE_MARGIN = 0.05  # knowledge moving less than 5 points either way is flat
 MIN_VALIDATION_ROWS = 10  # fewer validation rows say too little of a curve
 LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
+TRUE_KNOWLEDGE_TAU = 0.5  # a method's scores order checkpoints by true knowledge where Kendall tau-b is above this
 N_RESAMPLES = 2000
 # the cell flags that make a score mean little: a finding resting on such a cell is undetermined
 UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
@@ -72,12 +77,14 @@ CLAIMS = {
     "ranking_vs_zero_shot": "soft-prompted base models predict the post-trained ranking better than zero-shot",
     "ranking_vs_few_shot": "soft-prompted base models predict the post-trained ranking better than few-shot",
     "soft_prompt_vs_lora": "soft-prompt and LoRA scores line up",
+    "true_knowledge": "a method's scores order checkpoints by what they truly know",
 }
 
 
 class Finding(BaseModel):
     claim: str  # a key of CLAIMS
     model: str | None = None
+    method: str | None = None  # a finding on one method across models (true knowledge)
     task: str | None = None
     chat: bool | None = None
     statistic: str = ""  # what `value` is
@@ -101,6 +108,7 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
     findings.append(_lora_finding(agreement, flags))
+    findings += _truth_findings(folder)
     return findings
 
 
@@ -360,6 +368,43 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
     if r["ci_high"] < LINE_UP_R:
         return Finding(**finding, verdict="does not hold", reason=f"the interval lies below r = {LINE_UP_R}")
     return Finding(**finding, verdict="undetermined", reason=f"the interval includes r = {LINE_UP_R}")
+
+
+# --- 7: true knowledge ----------------------------------------------------------------------------
+
+
+def _truth_findings(folder: Path) -> list[Finding]:
+    """Per task and method, whether its task accuracy orders the series' checkpoints by their true
+    knowledge (Kendall tau-b, from the folder's analysis.json); none where no study declared a
+    ground truth."""
+    path = folder / "analysis.json"
+    if not path.is_file():
+        return []
+    analysis = json.loads(path.read_text(encoding="utf-8"))
+    findings = []
+    for task, found in analysis.get("tasks", {}).items():
+        truth = found.get("truth")
+        if truth is None:
+            continue
+        for method, metrics in truth["agreement"].items():
+            tau = metrics["task_accuracy"]
+            finding = dict(claim="true_knowledge", method=method, task=task, value=tau["value"], ci_low=tau["ci_low"], ci_high=tau["ci_high"],
+                           statistic=f"Kendall tau-b of task accuracy against the share of known facts over {truth['checkpoints']} checkpoints, "
+                           f"{truth['rows']} rows")
+            findings.append(_agreement_verdict(finding))
+    return findings
+
+
+def _agreement_verdict(finding: dict) -> Finding:
+    if finding["value"] is None:
+        return Finding(**finding, verdict="undetermined", reason="the scores or the true knowledge are the same at every checkpoint")
+    if finding["ci_low"] is None:
+        return Finding(**finding, verdict="undetermined", reason="no interval")
+    if finding["ci_low"] > TRUE_KNOWLEDGE_TAU:
+        return Finding(**finding, verdict="holds", reason=f"the interval lies above tau = {TRUE_KNOWLEDGE_TAU}")
+    if finding["ci_high"] < TRUE_KNOWLEDGE_TAU:
+        return Finding(**finding, verdict="does not hold", reason=f"the interval lies below tau = {TRUE_KNOWLEDGE_TAU}")
+    return Finding(**finding, verdict="undetermined", reason=f"the interval includes tau = {TRUE_KNOWLEDGE_TAU}")
 
 
 # --- shared pieces -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from scipy.stats import kendalltau
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
 from softeval.analysis.stats import CONFIDENCE, Estimate, paired_difference
 from softeval.errors import SoftevalError
-from softeval.scoring import SERIES_FILE
+from softeval.scoring import SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
 
 NOISE_CHECKPOINTS = 3  # a series' noise: the spread of its last this many checkpoints
@@ -218,8 +218,11 @@ def series_analysis(
         lacking = [name for name, ref in references.items() if not ref]
         settings["why"] = f"series {', '.join(repr(n) for n in lacking)} declare{'s' if len(lacking) == 1 else ''} no reference model"
     analysis = {"target": settings, "threshold": threshold, "series": series, "references": references, "tasks": {}, "skipped": {}}
+    truth = read_truth(folder)
     for task in sorted({key[1] for key in cells}):
         found = _task_analysis(series, references, target == "reference", cells, task, target_method, target_metric, threshold, n_resamples, seed)
+        if not isinstance(found, str) and truth is not None and task in truth["tasks"]:
+            found["truth"] = truth_agreement(series, cells, task, list(found["decisions"]), truth, n_resamples=n_resamples, seed=seed)
         if isinstance(found, str):
             analysis["skipped"][task] = found
         else:
@@ -237,8 +240,10 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
     has = lambda method: all((p["model"], task, method, False) in cells for points in series.values() for p in points)  # noqa: E731
     methods = [m for m in METHODS if has(m)]
     if not methods:
-        missing = next(p["model"] for points in series.values() for p in points if not any(k[:2] == (p["model"], task) for k in cells))
-        return f"no method has a finished cell on every checkpoint ({missing} has none)"
+        lacking = {m: next(p["model"] for points in series.values() for p in points if (p["model"], task, m, False) not in cells) for m in METHODS
+                   if any(k[1:] == (task, m, False) for k in cells)}
+        shown = ", ".join(f"{method} lacks {model}" for method, model in lacking.items())
+        return f"no method has a finished cell on every checkpoint ({shown or 'none has any'})"
     if not by_reference:
         if target_method not in methods:
             return f"the target's method, {target_method}, has no finished cell on every last checkpoint; run it, or choose --target-method"
@@ -286,6 +291,44 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
                 for n in names
             }
     return found
+
+
+def read_truth(folder: Path) -> dict | None:
+    """OUTPUT/ground_truth.json, where the study declared one: each model's known test facts (1 or
+    0 per test row of the tasks it names)."""
+    path = Path(folder) / TRUTH_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], truth: dict, *, n_resamples: int = 1000, seed: int = 0) -> dict:
+    """How well each method's scores order the checkpoints by what they truly know: per method and
+    metric, Kendall tau-b between the checkpoints' scores and their shares of known facts, over
+    every checkpoint the truth covers, on the rows every such cell evaluated; the interval
+    resamples rows, the same draw for the scores and the truth."""
+    points = [p["model"] for ps in series.values() for p in ps if p["model"] in truth["models"]]
+    keyed = {m: [cells[(p, task, m, False)] for p in points] for m in methods}
+    rows = common_rows([c for group in keyed.values() for c in group])
+    known = np.array([[truth["models"][p][i] for i in rows] for p in points], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(rows), size=(n_resamples, len(rows)))
+    known_boot = known[:, draws].mean(axis=2)  # (checkpoints, resamples)
+    agreement = {}
+    for method, group in keyed.items():
+        agreement[method] = {}
+        for metric, field in CURVE_METRICS.items():
+            table = outcome_table(group, rows, field)
+            boot = table[:, draws].mean(axis=2)
+            value = _tau(table.mean(axis=1), known.mean(axis=1))
+            resampled = np.array([_tau(boot[:, b], known_boot[:, b]) for b in range(n_resamples)], dtype=float)
+            agreement[method][metric] = _interval(value, resampled).model_dump()
+    return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
+
+
+def _tau(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kendall tau-b, None where either side is constant (no order to agree with)."""
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(kendalltau(x, y).statistic)
 
 
 def _other_target(series: dict, references: dict, by_reference: bool, cells: dict, task: str, methods: list[str]) -> dict | None:

@@ -3,8 +3,8 @@
 A training job that reruns into the same folder rewrites `checkpoint-500/model.safetensors` with
 new weights under the same path and config; without the weights in its identity, the finished
 cells of the old weights would be kept as if they were the new model's. Hashing gigabytes on every
-command would cost minutes, so each file's sha256 is cached by its path, size, modification time
-and inode: an unchanged checkpoint costs a `stat`, a rewritten one is hashed again.
+command would cost minutes, so each file's sha256 is cached by its path, size, modification and
+change times and inode: an unchanged checkpoint costs a `stat`, a rewritten one is hashed again.
 
 A file modified within the last few seconds is hashed but not cached: a file system's clock may
 be too coarse to tell a rewrite that quick from the write before it (git's "racy" files).
@@ -69,7 +69,7 @@ def hash_cache_path() -> Path:
 
 
 class _HashCache:
-    """File hashes by resolved path, each valid while the file's size, mtime and inode are those
+    """File hashes by resolved path, each valid while the file's size, mtime, ctime and inode are those
     it was hashed with. Lost entries cost a hash, never a wrong one: concurrent writers may drop
     each other's entries, and an unreadable cache starts empty."""
 
@@ -87,7 +87,8 @@ class _HashCache:
 
     @staticmethod
     def _stamp(stat: os.stat_result) -> list[int]:
-        return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        # ctime too: a copy that sets mtime back (cp -p, rsync -t) cannot set it
+        return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
 
     def get(self, file: Path) -> str | None:
         entry = self.entries.get(str(file.resolve()))

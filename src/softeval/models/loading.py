@@ -412,8 +412,10 @@ def checkpoint_tokens(name: str) -> float | None:
 def local_checkpoint(spec: str) -> str:
     """A checkpoint as softeval names it, `PATH/run@checkpoint-N`, as its folder `PATH/run/checkpoint-N`
     where PATH/run is a local folder; any other value as it is."""
-    base, at, name = spec.rpartition("@")
-    if not at or not name or Path(spec).expanduser().exists() or not Path(base).expanduser().is_dir():
+    base, at, name = spec.rstrip("/").rpartition("@")
+    run = Path(base).expanduser()
+    # a run folder holds checkpoints, not a model: a model folder named like a hub id keeps its '@' a revision
+    if not at or not name or Path(spec).expanduser().exists() or not run.is_dir() or (run / "config.json").exists():
         return spec
     folder = Path(base) / name
     if not folder.expanduser().is_dir():
@@ -451,7 +453,7 @@ def model_name(spec: str) -> str:
         return Path(spec).stem
     path = Path(spec.rstrip("/"))
     if "@" in spec and not path.expanduser().exists():
-        base, revision = split_revision(spec)
+        base, revision = split_revision(spec.rstrip("/"))
         return f"{base.rstrip('/').split('/')[-1]}@{revision.replace('/', '-')}"
     # a training run's checkpoint, named from the path as written (a finished checkpoint's folder
     # may since have been deleted): run@checkpoint-500

@@ -11,7 +11,7 @@ from softeval.analysis import CLAIMS, Finding
 
 def where(f: Finding) -> str:
     if f.model is None:
-        return "study"
+        return f"{f.method} / {f.task}" if f.method else "study"
     return f"{f.model} / {f.task}" + (" (chat)" if f.chat else "")
 
 

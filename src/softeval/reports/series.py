@@ -15,6 +15,7 @@ from softeval.errors import SoftevalError
 from softeval.scoring import SERIES_FILE
 
 log = logging.getLogger("softeval")
+TRUTH_METRICS = ("task_accuracy", "knowledge", "format_following")
 
 
 def analyze(folder: Path, **settings) -> dict:
@@ -115,6 +116,20 @@ def signal_text(found: dict) -> str:
     return "Signal to noise (spread of final scores over mean noise): " + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."
 
 
+def truth_rows(found: dict) -> list[list[str]]:
+    """Per method, Kendall tau-b of the checkpoints' scores against their true knowledge, per metric."""
+    truth = found.get("truth")
+    if not truth:
+        return []
+    return [[method] + [_estimate(metrics[m]) for m in TRUTH_METRICS] for method, metrics in truth["agreement"].items()]
+
+
+def truth_text(found: dict) -> str:
+    truth = found["truth"]
+    return (f"Kendall tau-b of the checkpoints' scores against their true knowledge (the share of test facts each knows in its "
+            f"pre-training format), over {truth['checkpoints']} checkpoints and {truth['rows']} rows, 95% row-bootstrap intervals:")
+
+
 def format_gap_lines(found: dict) -> list[str]:
     """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint."""
     return [f"soft-prompt minus {other}, {name}: " + ", ".join(_estimate(g) for g in per_checkpoint)
@@ -138,6 +153,9 @@ def analysis_markdown(analysis: dict) -> str:
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", signal_text(found)]
+        if found.get("truth"):
+            lines += ["", truth_text(found), "", "| method | " + " | ".join(TRUTH_METRICS) + " |", "|---|" + "---|" * len(TRUTH_METRICS)]
+            lines += ["| " + " | ".join(row) + " |" for row in truth_rows(found)]
         if found.get("notes"):
             lines += ["", "Why a figure is n/a or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
         if found["format_gap"]:

@@ -21,6 +21,7 @@ EXPORTS = {
     "EvalResult": "results",
     "MODELS_FILE": "results",
     "SERIES_FILE": "results",
+    "TRUTH_FILE": "results",
     # run
     "package_versions": "run",
     "parsers_version": "run",

@@ -16,6 +16,7 @@ from softeval.scoring.metrics import Diagnostics, Metric, Sample
 
 MODELS_FILE = "models.json"  # family and role (base, post-trained) of each model of the folder
 SERIES_FILE = "series.json"  # each pre-training recipe's checkpoints: model name, step, tokens
+TRUTH_FILE = "ground_truth.json"  # each model's known test facts, where a study declares them
 
 
 @dataclass

@@ -96,7 +96,8 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
                 log.warning("%s: %d completions are judged otherwise by this version's parsers; its scores are updated", folder, changed)
             return CellReport(folder, "skipped")
     elif finished is not None and not force:  # replaced, so say why: the old cell is gone after this
-        level = logging.INFO if tell_changed_weights(lm, finished.get("model")) else logging.WARNING
+        # a checkpoint whose weights changed is told once, in one line, not once per cell
+        level = logging.DEBUG if tell_changed_weights(lm, finished.get("model")) else logging.WARNING
         log.log(level, "evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
     result = evaluate(
         lm, spec, method, **settings, batch_size=study.batch_size, role=role, progress=progress,
@@ -136,7 +137,7 @@ def tuned_or_reused(
         if changed is None:
             log.info("reusing %s", saved.path)
             return saved
-        level = logging.INFO if changed == "model" and tell_changed_weights(lm, saved.metadata.get("model")) else logging.WARNING
+        level = logging.DEBUG if changed == "model" and tell_changed_weights(lm, saved.metadata.get("model")) else logging.WARNING
         log.log(level, "tuning %s again: its %s changed", folder, changed)
     if sweeping:
         return sweep(lm, spec, config, output=folder, data_dir=data_dir, sweep_steps=sweep_steps, progress=progress)
@@ -160,11 +161,11 @@ def tell_changed_weights(lm: LoadedModel, recorded: dict | None) -> bool:
         _told_weights.add((lm.identity["spec"], now))
         before = recorded.get(WEIGHTS_KEY)
         if before is None:
-            log.warning("%s: its finished cells and prompts were computed before softeval recorded a model's weights, so they may be "
-                        "of other weights; its cells and prompts are computed again", lm.identity["spec"])
+            log.warning("%s (%s): its finished cells and prompts were computed before softeval recorded a model's weights, so they may "
+                        "be of other weights; its cells and prompts are computed again", lm.name, lm.identity["spec"])
         else:
-            log.warning("the weights of %s changed since its cells were computed (sha256 %s -> %s); its cells and prompts are "
-                        "computed again", lm.identity["spec"], before[:12], now[:12])
+            log.warning("the weights of %s (%s) changed since its cells were computed (sha256 %s -> %s); its cells and prompts are "
+                        "computed again", lm.name, lm.identity["spec"], before[:12], now[:12])
     return True
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from softeval._io import write_json_atomic
 from softeval.errors import SoftevalError
 from softeval.models import load_model, model_name
-from softeval.scoring import MODELS_FILE, SERIES_FILE
+from softeval.scoring import MODELS_FILE, SERIES_FILE, TRUTH_FILE
 from softeval.study.folders import CellReport, check_cell_folders
 from softeval.study.preflight import check_before_work
 from softeval.study.settings import ModelEntry, Study
@@ -109,10 +109,11 @@ def run_study(
     if _any_finished(reports):  # else nothing changed, and the folder is left as it was
         record_models(output, study.models)
         record_series(output, study)
+        record_ground_truth(output, study)
         update_ranking(output, study.reference)
-        write_comparison(output)  # its findings read the ranking
         update_analysis(output)
-        write_page(output)  # it shows the analysis
+        write_comparison(output)  # its findings read the ranking and the series analysis
+        write_page(output)
     failed = [r for r in reports if r.status == "failed"]
     if failed:
         rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
@@ -178,6 +179,18 @@ def record_series(output: Path, study: Study) -> None:
             reference = {"model": model_name(series.reference), "method": evaluated.method, "chat": evaluated.chat}
         known[series.name] = {"checkpoints": series.points(), "reference": reference}
     write_json_atomic(output / SERIES_FILE, known)
+
+
+def record_ground_truth(output: Path, study: Study) -> None:
+    """Copy the study's ground truth (each checkpoint's known test facts) to OUTPUT/ground_truth.json,
+    where `softeval analyze` reads it."""
+    if study.ground_truth is None:
+        return
+    try:
+        truth = json.loads(Path(study.ground_truth).expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SoftevalError(f"ground truth {study.ground_truth} cannot be read ({exc}); give the ground_truth.json that softeval testbed wrote") from exc
+    write_json_atomic(output / TRUTH_FILE, truth)
 
 
 def record_models(output: Path, models: list[ModelEntry]) -> None:

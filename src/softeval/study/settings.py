@@ -68,8 +68,9 @@ class SeriesEntry(BaseModel):
     def _one_source(self) -> SeriesEntry:
         if (self.model is None) == (self.checkpoints is None) or (self.model is None) != (self.revisions is None):
             raise ValueError(f"series '{self.name}' needs either model and revisions, or checkpoints")
-        if self.model is not None and Path(self.model).expanduser().exists():
-            raise ValueError(f"series '{self.name}': {self.model} is a local folder, and revisions are a hub model's branches or tags; "
+        run = Path(self.model).expanduser() if self.model is not None else None
+        if run is not None and run.is_dir() and not (run / "config.json").exists():  # a training run's folder
+            raise ValueError(f"series '{self.name}': {self.model} is a local training run's folder, and revisions are a hub model's branches or tags; "
                              f"give its checkpoints instead (checkpoints: {self.model})")
         return self
 
@@ -140,6 +141,9 @@ class Study(BaseModel):
     sweep: bool = False
     sweep_steps: int = Field(40, gt=0)
     reference: Reference | None = None  # None: as the folder's last ranking, else the default
+    # a JSON file of each series checkpoint's known test facts (see softeval.testbed.truth):
+    # `softeval analyze` then says how well each method's scores order checkpoints by them
+    ground_truth: str | None = None
     resources: dict[str, float] = {"num_cpus": 1}  # per (model, task) unit on Ray, e.g. num_gpus: 1
 
     @field_validator("methods")
@@ -205,6 +209,13 @@ class Study(BaseModel):
         if not self.models:
             raise ValueError("models: give at least one model (or a series of checkpoints)")
         return self
+
+    @field_validator("ground_truth")
+    @classmethod
+    def _truth_file(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).expanduser().is_file():
+            raise ValueError(f"ground truth file not found: {path}; give the ground_truth.json that softeval testbed wrote")
+        return path
 
     @model_validator(mode="after")
     def _warm_start_has_series(self) -> Study:

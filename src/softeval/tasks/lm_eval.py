@@ -186,13 +186,13 @@ def _config(task_name: str) -> dict:
     return {key: value for key, value in config.items() if key not in ("tag", "group", "task_list")}
 
 
-def lm_eval_prompt(task_name: str) -> str:
+def lm_eval_prompt(task_name: str) -> str | None:
     """lm-eval's own prompt of a task, as its configuration writes it: the `doc_to_text` template,
     or the function that makes it (`!function utils.doc_to_text`)."""
     made_by = _config(task_name).get("doc_to_text")
     if callable(made_by):
         return f"!function {made_by.__module__}.{made_by.__qualname__}"
-    return str(made_by)
+    return None if made_by is None else str(made_by)
 
 
 def _members(manager, name: str, depth: int = 0) -> list[str]:

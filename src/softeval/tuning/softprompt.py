@@ -97,6 +97,10 @@ def check_made_for(where: str, metadata: dict, lm: LoadedModel, spec: TaskSpec, 
     """A clear error when a tuned prompt or adapter (`where` names it) was made for another model,
     task (or version of its spec) or chat mode than it is used with."""
     differs = model_difference(metadata.get("model", {}), lm.identity)
+    if differs == WEIGHTS_KEY:
+        before = "other weights" if metadata.get("model", {}).get(WEIGHTS_KEY) else "weights it did not record (tuned by an older softeval)"
+        raise SoftevalError(f"{where} was tuned for {before} of model '{lm.identity['spec']}', whose weight files have changed since; "
+                            "tune one for these weights")
     if differs:
         raise SoftevalError(
             f"{where} was tuned for model '{metadata.get('model', {}).get('spec')}', "

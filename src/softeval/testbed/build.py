@@ -1,0 +1,174 @@
+"""`softeval testbed DIR`: a pre-training testbed where the truth is known, built in one command.
+
+It makes the world and its two tasks, trains the tokenizer, pre-trains each recipe (checkpoints
+in DIR/runs/<recipe>/), post-trains each recipe's last checkpoint into its reference chat model
+(DIR/references/<recipe>-chat/), measures every model's true knowledge (DIR/ground_truth.json),
+checks the design (the recipes know different shares of the facts; base models rarely keep the
+QA format zero-shot, the references nearly always do) and writes DIR/study.yaml: the recipes as
+series with their references, each recipe a base/post-trained family, zero-shot, few-shot,
+soft-prompt and LoRA. `softeval study DIR/study.yaml --output OUT` then runs it, analysis
+included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from softeval._io import write_json_atomic, write_text_atomic
+from softeval.errors import SoftevalError
+from softeval.testbed.corpus import filler_passages, train_tokenizer
+from softeval.testbed.tasks import QA_INSTRUCTION, write_tasks
+from softeval.testbed.training import BATCH, LENGTH, Recipe, posttrain, pretrain
+from softeval.testbed.truth import known_facts, test_facts
+from softeval.testbed.world import make_world
+
+log = logging.getLogger("softeval")
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big a testbed is: its world, recipes and the study's settings."""
+
+    people: int
+    splits: dict[str, int]  # people per split: test, validation, tune, post
+    recipes: tuple[Recipe, ...]
+    vocab: int
+    post_steps: int
+    limit: int  # test rows per cell
+    tune_steps: int
+    eval_every: int
+    val_size: int
+
+
+def _recipes(steps: int, checkpoints: int, wide: int) -> tuple[Recipe, ...]:
+    """Six recipes that vary one thing each from `base`: size, tokens, paraphrases, filler."""
+    return (
+        Recipe("base", hidden=64, steps=steps, templates=4, checkpoints=checkpoints),
+        Recipe("wide", hidden=wide, steps=steps, templates=4, checkpoints=checkpoints),
+        Recipe("narrow", hidden=32, steps=steps, templates=4, checkpoints=checkpoints),
+        Recipe("one-template", hidden=64, steps=steps, templates=1, checkpoints=checkpoints),
+        Recipe("filler", hidden=64, steps=steps, templates=4, filler=0.5, checkpoints=checkpoints),
+        Recipe("short", hidden=64, steps=steps // 2, templates=4, checkpoints=checkpoints),
+    )
+
+
+SIZES = {
+    "small": Size(people=48, splits={"test": 6, "validation": 3, "tune": 10, "post": 12}, recipes=_recipes(600, 3, 96), vocab=768,
+                  post_steps=60, limit=24, tune_steps=16, eval_every=8, val_size=12),
+    "full": Size(people=240, splits={"test": 50, "validation": 20, "tune": 50, "post": 60}, recipes=_recipes(1200, 5, 96), vocab=1024,
+                 post_steps=200, limit=160, tune_steps=40, eval_every=10, val_size=24),
+}
+DESIGN = {"best_knows": 0.6, "worst_knows": 0.4, "base_zero_shot_format": 0.5, "reference_format": 0.9}
+
+
+def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir: Path | None = None) -> dict:
+    """Build everything in `folder` and return the design check; a step whose files exist is kept."""
+    if size not in SIZES:
+        raise SoftevalError(f"unknown testbed size '{size}'; choose small or full")
+    settings = SIZES[size]
+    folder = Path(folder).resolve()
+    needs_filler = any(r.filler for r in settings.recipes)
+    if needs_filler and data_dir is None:
+        raise SoftevalError("the 'filler' recipe mixes in prose from the benchmark mirror; give --data-dir (the mirror's folder)")
+    started = time.perf_counter()
+    world = make_world(seed, settings.people, settings.splits)
+    filler = filler_passages(data_dir) if needs_filler else []
+    tokenizer = train_tokenizer(world, filler, settings.vocab)
+    tasks = write_tasks(world, folder / "tasks")
+    runs, references = folder / "runs", {}
+    for recipe in settings.recipes:
+        log.info("pre-training recipe %s (%d steps)", recipe.name, recipe.steps)
+        checkpoints = pretrain(recipe, world, tokenizer, filler, runs, seed)
+        log.info("post-training %s into its reference", checkpoints[-1])
+        references[recipe.name] = posttrain(checkpoints[-1], world, tokenizer, QA_INSTRUCTION, folder / "references" / f"{recipe.name}-chat",
+                                            settings.post_steps, seed)
+    truth = ground_truth(world, settings, runs, references)
+    write_json_atomic(folder / "ground_truth.json", truth)
+    design = design_check(truth, settings, runs, references, tasks["world_qa"])
+    write_json_atomic(folder / "design.json", design)
+    write_text_atomic(folder / "study.yaml", yaml.safe_dump(study(settings, runs, references, tasks, folder / "ground_truth.json", seed), sort_keys=False))
+    design["seconds"] = round(time.perf_counter() - started, 1)
+    return design
+
+
+def ground_truth(world, settings: Size, runs: Path, references: dict[str, Path]) -> dict:
+    """Every model's known test facts (see `truth.py`), by softeval's name of the model."""
+    from softeval.models import model_name
+
+    models = {}
+    for recipe in settings.recipes:
+        for step in recipe.checkpoint_steps:
+            folder = runs / recipe.name / f"checkpoint-{step}"
+            models[model_name(str(folder))] = known_facts(folder, world)
+        models[model_name(str(references[recipe.name]))] = known_facts(references[recipe.name], world)
+    return {
+        "measure": "the right value ranks first among its attribute's values by log-likelihood after the fact's prose stem",
+        "tasks": ["world_qa", "world_mc"],  # their test row i is fact i
+        "facts": [dict(zip(("person", "attribute", "value"), fact)) for fact in test_facts(world)],
+        "models": models,
+    }
+
+
+def design_check(truth: dict, settings: Size, runs: Path, references: dict[str, Path], qa_task: Path) -> dict:
+    """The testbed's design, measured: each recipe's last checkpoint's share of known facts, the
+    base models' zero-shot and the references' chat format-following on the QA task."""
+    from softeval.models import load_model, model_name
+    from softeval.study import evaluate
+    from softeval.tasks import load_task
+
+    spec = load_task(qa_task)
+    known, base_format, reference_format = {}, {}, {}
+    for recipe in settings.recipes:
+        last = runs / recipe.name / f"checkpoint-{recipe.checkpoint_steps[-1]}"
+        outcomes = truth["models"][model_name(str(last))]
+        known[recipe.name] = sum(outcomes) / len(outcomes)
+        for folder, chat, into in ((last, False, base_format), (references[recipe.name], True, reference_format)):
+            result = evaluate(load_model(str(folder), device="cpu"), spec, "zero-shot", chat=chat, limit=settings.limit, progress=False)
+            into[recipe.name] = result.metrics["format_following"].value
+    checks = {
+        "best recipe knows >= 60% of test facts": max(known.values()) >= DESIGN["best_knows"],
+        "worst recipe knows <= 40%": min(known.values()) <= DESIGN["worst_knows"],
+        "base models' zero-shot QA format-following <= 50%": max(base_format.values()) <= DESIGN["base_zero_shot_format"],
+        "references' QA format-following (chat) >= 90%": min(reference_format.values()) >= DESIGN["reference_format"],
+    }
+    return {"known": known, "base_zero_shot_format": base_format, "reference_chat_format": reference_format, "checks": checks}
+
+
+def study(settings: Size, runs: Path, references: dict[str, Path], tasks: dict[str, Path], truth: Path, seed: int) -> dict:
+    """The study of the testbed: each recipe a series with its reference, and a family of its last
+    checkpoint (base) and its reference (post-trained) for the ranking."""
+    series, models = [], []
+    for recipe in settings.recipes:
+        series.append({"name": recipe.name, "checkpoints": str(runs / recipe.name), "tokens_per_step": BATCH * LENGTH,
+                       "reference": str(references[recipe.name])})
+        last = runs / recipe.name / f"checkpoint-{recipe.checkpoint_steps[-1]}"
+        models += [{"model": str(last), "family": recipe.name, "role": "base"},
+                   {"model": str(references[recipe.name]), "family": recipe.name, "role": "post-trained"}]
+    return {
+        "models": models,
+        "series": series,
+        "ground_truth": str(truth),
+        "tasks": [str(path) for path in tasks.values()],
+        "methods": ["zero-shot", "few-shot", "soft-prompt", "lora"],
+        "chat": True,
+        "k": 3,
+        "limit": settings.limit,
+        "seed": seed,
+        "tuning": {"steps": settings.tune_steps, "eval_every": settings.eval_every, "val_size": settings.val_size},
+        "reference": {"method": "zero-shot", "chat": True},
+    }
+
+
+def describe(design: dict) -> list[str]:
+    """The design check as lines for the terminal."""
+    lines = [f"{'recipe':<14}{'knows':>8}{'zero-shot QA format':>22}{'reference chat format':>24}"]
+    for name, share in design["known"].items():
+        lines.append(f"{name:<14}{100 * share:>7.0f}%{100 * design['base_zero_shot_format'][name]:>21.0f}%"
+                     f"{100 * design['reference_chat_format'][name]:>23.0f}%")
+    lines += [f"{'holds' if ok else 'FAILS'}: {check}" for check, ok in design["checks"].items()]
+    return lines

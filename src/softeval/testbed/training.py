@@ -1,0 +1,140 @@
+"""Training the testbed's models: pre-training a recipe's tiny llama on its documents, saving
+checkpoints into a training-run folder (`runs/<recipe>/checkpoint-N`, as `series:` reads them),
+and post-training a recipe's last checkpoint into its reference model: a chat model fine-tuned on
+question-answer conversations about people that no test row asks about.
+
+Everything is seeded and runs on the CPU in a fixed order, so the same seed gives the same weights.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from softeval.testbed.corpus import CHAT_TEMPLATE, documents
+from softeval.testbed.world import ATTRIBUTES, World, biography
+
+BATCH, LENGTH = 16, 64  # sequences of tokens per step: a step reads BATCH * LENGTH tokens
+LEARNING_RATE = 3e-3
+WARMUP = 20
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a pre-training team varies: model size, training tokens, paraphrase diversity and filler share."""
+
+    name: str
+    hidden: int  # model width (2 layers, 4 heads)
+    steps: int  # training steps of BATCH x LENGTH tokens
+    templates: int  # paraphrase templates per fact (1: the first only)
+    filler: float = 0.0  # share of the text that is filler prose
+    checkpoints: int = 5
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        return [round(self.steps * (k + 1) / self.checkpoints) for k in range(self.checkpoints)]
+
+
+def _model(tokenizer, hidden: int, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(config)
+
+
+def _optimizer(model, steps: int):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP))
+    return optimizer, schedule
+
+
+def _save(model, tokenizer, folder: Path, *, chat: bool) -> None:
+    tokenizer.chat_template = CHAT_TEMPLATE if chat else None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def token_stream(tokenizer, texts, n_tokens: int) -> torch.Tensor:
+    """The first `n_tokens` tokens of the texts, one per line."""
+    ids: list[int] = []
+    while len(ids) < n_tokens:
+        ids += tokenizer(next(texts) + "\n")["input_ids"]
+    return torch.tensor(ids[:n_tokens])
+
+
+def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: Path, seed: int, progress=None) -> list[Path]:
+    """Train the recipe's model from scratch, saving a checkpoint at each of its checkpoint steps;
+    returns the checkpoint folders. A folder saved earlier (same seed and recipe) is kept."""
+    folders = [runs / recipe.name / f"checkpoint-{step}" for step in recipe.checkpoint_steps]
+    if all((f / "model.safetensors").is_file() for f in folders):
+        return folders
+    stream = token_stream(tokenizer, documents(world, recipe.templates, filler, recipe.filler, seed), recipe.steps * BATCH * LENGTH)
+    batches = stream.view(recipe.steps, BATCH, LENGTH)
+    model = _model(tokenizer, recipe.hidden, seed)
+    optimizer, schedule = _optimizer(model, recipe.steps)
+    model.train()
+    for step in range(1, recipe.steps + 1):
+        loss = model(input_ids=batches[step - 1], labels=batches[step - 1]).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if step in recipe.checkpoint_steps:
+            _save(model, tokenizer, runs / recipe.name / f"checkpoint-{step}", chat=False)
+        if progress is not None:
+            progress()
+    return folders
+
+
+def conversations(world: World, instruction: str) -> list[tuple[str, str]]:
+    """Post-training pairs (user turn, assistant answer): a question about each fact of each person
+    of the post-training split, as the QA task asks it, answered with the value alone."""
+    return [(f"{instruction}\n\n{a.question.format(name=p.name)}", p.facts[a.name]) for p in world.people_of("post") for a in ATTRIBUTES]
+
+
+def posttrain(checkpoint: Path, world: World, tokenizer, instruction: str, out: Path, steps: int, seed: int, progress=None) -> Path:
+    """Fine-tune a recipe's last checkpoint into a chat model: the loss on the assistant's answers
+    of question-answer conversations, beside biographies (so pre-training is not forgotten)."""
+    from transformers import AutoModelForCausalLM
+
+    if (out / "model.safetensors").is_file():
+        return out
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    pairs = conversations(world, instruction)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE / 3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        rows = [_chat_row(tokenizer, *rng.choice(pairs)) for _ in range(BATCH)]
+        rows += [_prose_row(tokenizer, biography(rng.choice(world.people), rng, 1)) for _ in range(BATCH // 4)]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
+        labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in rows])
+        loss = model(input_ids=ids, attention_mask=(labels != -100) | (ids != tokenizer.pad_token_id), labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if progress is not None:
+            progress()
+    _save(model, tokenizer, out, chat=True)
+    return out
+
+
+def _chat_row(tokenizer, user: str, answer: str) -> tuple[list[int], list[int]]:
+    """A conversation's tokens, and its labels: the answer and its end-of-turn token only."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    context = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    reply = tokenizer(answer + "<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    return context + reply, [-100] * len(context) + reply
+
+
+def _prose_row(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    ids = tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
+    return ids, list(ids)

@@ -1,0 +1,114 @@
+"""The known-truth testbed: its world and data, deterministic training, the design its build
+checks, and a study of it whose analysis compares every method with what the models truly know."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from softeval.cli import app
+from softeval.testbed.world import ATTRIBUTES, make_world
+
+runner = CliRunner()
+SPLITS = {"test": 6, "validation": 3, "tune": 10, "post": 12}
+
+
+def test_a_world_is_seeded_and_its_splits_ask_about_disjoint_people():
+    world = make_world(0, 48, SPLITS)
+    assert world == make_world(0, 48, SPLITS) and world != make_world(1, 48, SPLITS)
+    asked = [set(world.splits[s]) for s in SPLITS]
+    assert sum(len(s) for s in asked) == len(set().union(*asked)) == sum(SPLITS.values())  # disjoint
+    assert len({p.name for p in world.people}) == 48
+    for attribute in ATTRIBUTES:
+        assert len(set(world.values[attribute.name])) == attribute.n_values
+        assert all(p.facts[attribute.name] in world.values[attribute.name] for p in world.people)
+        person = world.people[0]
+        assert attribute.templates[0].format(name=person.name, value="V").startswith(attribute.stem(person.name))
+
+
+def test_pre_training_tells_every_person_and_asks_only_about_untested_ones():
+    from itertools import islice
+
+    from softeval.testbed.corpus import documents
+
+    world = make_world(0, 48, SPLITS)
+    texts = list(islice(documents(world, 4, [], 0.0, seed=0), 200))
+    tested = {world.people[i].name for i in world.splits["test"]}
+    for person in world.people:
+        assert any(text.startswith(person.name) or f" {person.name} " in text for text in texts)
+    questions = [text for text in texts if "?" in text]
+    assert questions and not [q for q in questions if any(name in q.split("?")[0] for name in tested)]
+
+
+def test_pre_training_is_deterministic(tmp_path):
+    from softeval.testbed.corpus import train_tokenizer
+    from softeval.testbed.training import Recipe, pretrain
+
+    world = make_world(0, 48, SPLITS)
+    recipe = Recipe("r", hidden=32, steps=6, templates=2, checkpoints=2)
+    saved = []
+    for run in ("one", "two"):
+        tokenizer = train_tokenizer(world, [], 512)
+        folders = pretrain(recipe, world, tokenizer, [], tmp_path / run, seed=3)
+        assert [f.name for f in folders] == ["checkpoint-3", "checkpoint-6"]
+        saved.append([(f / "model.safetensors").read_bytes() for f in folders])
+    assert saved[0] == saved[1]
+
+
+@pytest.fixture(scope="module")
+def testbed(mirror, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("testbed") / "bed"
+    result = runner.invoke(app, ["testbed", str(folder), "--data-dir", str(mirror)])
+    assert result.exit_code == 0, result.output
+    return folder, result.output
+
+
+def test_the_small_testbed_holds_its_design(testbed, mirror, tmp_path):
+    folder, printed = testbed
+    design = json.loads((folder / "design.json").read_text())
+    assert all(design["checks"].values()), design
+    assert "holds: best recipe knows >= 60% of test facts" in printed
+    # another seed, another world: the same design
+    other = runner.invoke(app, ["testbed", str(tmp_path / "seed1"), "--seed", "1", "--data-dir", str(mirror)])
+    assert other.exit_code == 0, other.output
+    assert all(json.loads((tmp_path / "seed1" / "design.json").read_text())["checks"].values())
+    assert (tmp_path / "seed1" / "tasks" / "test.jsonl").read_text() != (folder / "tasks" / "test.jsonl").read_text()
+
+
+def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_knowledge(testbed, tmp_path):
+    import yaml
+
+    from softeval.analysis import finished_cells
+    from softeval.analysis.comparisons import cell_key
+
+    folder, _ = testbed
+    study = yaml.safe_load((folder / "study.yaml").read_text())
+    assert len(study["series"]) == 6 and all(s["reference"] for s in study["series"])
+    assert study["methods"] == ["zero-shot", "few-shot", "soft-prompt", "lora"]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["study", str(folder / "study.yaml"), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+
+    findings = json.loads((out / "comparison.json").read_text())["findings"]
+    claims = {f["claim"] for f in findings}
+    stated = {f["claim"] for f in findings if f["verdict"] != "not applicable"}
+    assert claims == stated  # every claim has a verdict: holds, does not hold or undetermined
+
+    # the agreement with true knowledge, as computed here from the cells' samples and the ground truth
+    from scipy.stats import kendalltau
+
+    truth = json.loads((folder / "ground_truth.json").read_text())
+    analysis = json.loads((out / "analysis.json").read_text())
+    cells = {cell_key(r): r for r in finished_cells(out)}
+    for task in ("world_qa", "world_mc"):
+        found = analysis["tasks"][task]["truth"]
+        assert found["checkpoints"] == 6 * 3
+        names = list(found["known"])
+        rows = sorted(s.index for s in cells[(names[0], task, "zero-shot", False)].samples)
+        assert found["known"] == {n: pytest.approx(sum(truth["models"][n][i] for i in rows) / len(rows)) for n in names}
+        scores = [sum(s.knowledge_correct for s in cells[(n, task, "soft-prompt", False)].samples) / len(rows) for n in names]
+        expected = kendalltau(scores, list(found["known"].values())).statistic
+        assert found["agreement"]["soft-prompt"]["knowledge"]["value"] == pytest.approx(expected)
+    assert "true knowledge" in (out / "analysis.md").read_text()
