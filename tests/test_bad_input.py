@@ -553,3 +553,27 @@ def test_a_checkpoint_name_that_is_not_in_its_run_folder_lists_those_that_are(tm
     err = user_sees(monkeypatch, capsys, "eval", "--model", tmp_path / "run@checkpoint-20", "--task", "arc_easy", "--output", tmp_path / "out")
     assert err == (f"error: model '{tmp_path / 'run@checkpoint-20'}': no checkpoint folder {tmp_path / 'run' / 'checkpoint-20'}; "
                    "it holds checkpoint-10, checkpoint-30")
+
+
+def test_a_missing_ground_truth_file_is_one_line(tmp_path, monkeypatch, capsys, no_model_loading):
+    import yaml
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"models": ["org/a"], "tasks": ["arc_easy"], "ground_truth": str(tmp_path / "truth.json")}))
+    err = user_sees(monkeypatch, capsys, "study", study, "--output", tmp_path / "out")
+    assert err == (f"error: study file {study}: ground_truth: ground truth file not found: {tmp_path / 'truth.json'}; "
+                   "give the ground_truth.json that softeval testbed wrote; fix the study file")
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_an_unknown_testbed_size_is_one_line(tmp_path, monkeypatch, capsys, no_model_loading):
+    err = user_sees(monkeypatch, capsys, "testbed", tmp_path / "bed", "--size", "huge")
+    assert err == "error: --size: unknown size 'huge'; choose one of: small, full"
+    assert not (tmp_path / "bed").exists()
+
+
+def test_a_testbed_without_the_mirror_says_which_recipe_needs_it(tmp_path, monkeypatch, capsys, no_model_loading):
+    monkeypatch.delenv("SOFTEVAL_DATA_DIR", raising=False)
+    err = user_sees(monkeypatch, capsys, "testbed", tmp_path / "bed")
+    assert err == "error: the 'filler' recipe mixes in prose from the benchmark mirror; give --data-dir (the mirror's folder)"
+    assert not (tmp_path / "bed").exists()
