@@ -363,11 +363,7 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
         return Finding(**finding, verdict="undetermined", reason=f"cells it rests on are flagged: {', '.join(undermined)}")
     if r["ci_low"] is None:
         return Finding(**finding, verdict="undetermined", reason="no interval (the scores are tied)")
-    if r["ci_low"] > LINE_UP_R:
-        return Finding(**finding, verdict="holds", reason=f"the interval lies above r = {LINE_UP_R}")
-    if r["ci_high"] < LINE_UP_R:
-        return Finding(**finding, verdict="does not hold", reason=f"the interval lies below r = {LINE_UP_R}")
-    return Finding(**finding, verdict="undetermined", reason=f"the interval includes r = {LINE_UP_R}")
+    return _against(finding, "r", LINE_UP_R)
 
 
 # --- 7: true knowledge ----------------------------------------------------------------------------
@@ -400,14 +396,20 @@ def _agreement_verdict(finding: dict) -> Finding:
         return Finding(**finding, verdict="undetermined", reason="the scores or the true knowledge are the same at every checkpoint")
     if finding["ci_low"] is None:
         return Finding(**finding, verdict="undetermined", reason="no interval")
-    if finding["ci_low"] > TRUE_KNOWLEDGE_TAU:
-        return Finding(**finding, verdict="holds", reason=f"the interval lies above tau = {TRUE_KNOWLEDGE_TAU}")
-    if finding["ci_high"] < TRUE_KNOWLEDGE_TAU:
-        return Finding(**finding, verdict="does not hold", reason=f"the interval lies below tau = {TRUE_KNOWLEDGE_TAU}")
-    return Finding(**finding, verdict="undetermined", reason=f"the interval includes tau = {TRUE_KNOWLEDGE_TAU}")
+    return _against(finding, "tau", TRUE_KNOWLEDGE_TAU)
 
 
 # --- shared pieces -------------------------------------------------------------------------------
+
+
+def _against(finding: dict, statistic: str, bound: float) -> Finding:
+    """A correlation's verdict against the bound the claim sets: holds where its interval lies
+    above it, does not hold where it lies below, undetermined where it includes it."""
+    if finding["ci_low"] > bound:
+        return Finding(**finding, verdict="holds", reason=f"the interval lies above {statistic} = {bound}")
+    if finding["ci_high"] < bound:
+        return Finding(**finding, verdict="does not hold", reason=f"the interval lies below {statistic} = {bound}")
+    return Finding(**finding, verdict="undetermined", reason=f"the interval includes {statistic} = {bound}")
 
 
 def _undermining(flags: list[str]) -> list[str]:

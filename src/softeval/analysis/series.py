@@ -221,12 +221,12 @@ def series_analysis(
     truth = read_truth(folder)
     for task in sorted({key[1] for key in cells}):
         found = _task_analysis(series, references, target == "reference", cells, task, target_method, target_metric, threshold, n_resamples, seed)
-        if not isinstance(found, str) and truth is not None and task in truth["tasks"]:
-            found["truth"] = truth_agreement(series, cells, task, list(found["decisions"]), truth, n_resamples=n_resamples, seed=seed)
-        if isinstance(found, str):
+        if isinstance(found, str):  # why the task has no analysis
             analysis["skipped"][task] = found
-        else:
-            analysis["tasks"][task] = found
+            continue
+        if truth is not None and task in truth["tasks"]:
+            found["truth"] = truth_agreement(series, cells, task, list(found["decisions"]), truth, n_resamples=n_resamples, seed=seed)
+        analysis["tasks"][task] = found
     if not analysis["tasks"]:
         wanted = "reference cells" if target == "reference" else f"{target_method} cells of every checkpoint"
         reasons = "; ".join(f"{task}: {why}" for task, why in analysis["skipped"].items())
@@ -247,9 +247,9 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
     if not by_reference:
         if target_method not in methods:
             return f"the target's method, {target_method}, has no finished cell on every last checkpoint; run it, or choose --target-method"
-        target_cells = {n: cells[(series[n][-1]["model"], task, target_method, False)] for n in series}
+        target_cells = _last_cells(series, cells, task, target_method)
     else:
-        keys = {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items()}
+        keys = _reference_keys(references, task)
         missing = [key[0] for key in keys.values() if key not in cells]
         if missing:
             return f"the reference {missing[0]} has no finished cell on it; run the study's cells first"
@@ -337,11 +337,21 @@ def _other_target(series: dict, references: dict, by_reference: bool, cells: dic
     every recipe declares one, for a "last" target."""
     if by_reference:
         method = "soft-prompt" if "soft-prompt" in methods else methods[0]
-        return {"option": f"--target last --target-method {method}", "cells": {n: cells[(series[n][-1]["model"], task, method, False)] for n in series}}
-    keys = {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items() if ref}
+        return {"option": f"--target last --target-method {method}", "cells": _last_cells(series, cells, task, method)}
+    keys = _reference_keys(references, task)
     if len(keys) < len(series) or any(key not in cells for key in keys.values()):
         return None
     return {"option": "--target reference", "cells": {n: cells[key] for n, key in keys.items()}}
+
+
+def _last_cells(series: dict, cells: dict, task: str, method: str) -> dict:
+    """Each recipe's last checkpoint's cell of `method` (plain mode)."""
+    return {n: cells[(points[-1]["model"], task, method, False)] for n, points in series.items()}
+
+
+def _reference_keys(references: dict, task: str) -> dict:
+    """The cell key of each declared reference's target cell, as the study evaluates it."""
+    return {n: (ref["model"], task, ref["method"], ref["chat"]) for n, ref in references.items() if ref}
 
 
 def _separates(scores: Sequence[float]) -> bool:
@@ -356,16 +366,17 @@ def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, thresh
     notes = []
     target = found["target_scores"]
     shown = lambda scores: ", ".join(f"{n} {v:.2f}" for n, v in scores.items())  # noqa: E731
+    means = lambda by_recipe, m: {n: float(outcome_table([c], rows, CURVE_METRICS[m])[0].mean()) for n, c in by_recipe.items()}  # noqa: E731
     pairs = list(combinations(target.values(), 2))
     tied = sum(a == b for a, b in pairs)
     if tied == len(pairs):
         suggestions = []
         for other in CURVE_METRICS:
-            scores = {n: float(outcome_table([c], rows, CURVE_METRICS[other])[0].mean()) for n, c in target_cells.items()}
+            scores = means(target_cells, other)
             if other != metric and _separates(list(scores.values())):
                 suggestions.append(f"--target-metric {other} ({shown(scores)})")
         if other_target is not None:
-            scores = {n: float(outcome_table([c], rows, CURVE_METRICS[metric])[0].mean()) for n, c in other_target["cells"].items()}
+            scores = means(other_target["cells"], metric)
             if _separates(list(scores.values())):
                 suggestions.append(f"{other_target['option']} ({shown(scores)})")
         fix = f"; the folder's cells would order them with {' or '.join(suggestions)}" if suggestions else \

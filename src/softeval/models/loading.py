@@ -417,9 +417,9 @@ def local_checkpoint(spec: str) -> str:
     # a run folder holds checkpoints, not a model: a model folder named like a hub id keeps its '@' a revision
     if not at or not name or Path(spec).expanduser().exists() or not run.is_dir() or (run / "config.json").exists():
         return spec
-    folder = Path(base) / name
-    if not folder.expanduser().is_dir():
-        held = [c.name for c in sorted(Path(base).expanduser().iterdir()) if c.is_dir() and checkpoint_step(c.name) is not None]
+    folder = Path(base) / name  # as written: its name is the one softeval files it under
+    if not (run / name).is_dir():
+        held = [c.name for c in sorted(run.iterdir()) if c.is_dir() and checkpoint_step(c.name) is not None]
         holds = f"it holds {', '.join(held[:8])}" + (" ..." if len(held) > 8 else "") if held else "it holds no checkpoint folders"
         raise SoftevalError(f"model '{spec}': no checkpoint folder {folder}; {holds}")
     return str(folder)

@@ -9,7 +9,7 @@ import hashlib
 import inspect
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,7 +53,7 @@ class Cell:
     knowledge: str  # how knowledge was scored: a key of KNOWLEDGE_SCORING
     spec: TaskSpec | None  # the task spec the cell read, where it still says the same
     flags: list[str]  # why its scores may mean little (see analysis.cell_flags)
-    checkpoint: dict | None = None  # a series checkpoint's recipe, checkpoint name, step and tokens
+    checkpoint: dict = field(default_factory=dict)  # a series checkpoint's recipe, checkpoint name, step and tokens; {} for other models
 
     @property
     def prompt_template(self) -> str | None:
@@ -66,11 +66,6 @@ class Cell:
 
             return lm_eval_prompt(self.spec.lm_eval.task)
         return self.spec.template
-
-    @property
-    def series_details(self) -> dict:
-        """recipe, checkpoint, step and tokens of a series checkpoint's cell; {} for other models."""
-        return dict(self.checkpoint or {})
 
     @property
     def task(self) -> str:
@@ -105,7 +100,7 @@ def described(results: list[EvalResult], checkpoints: dict[str, dict] | None = N
         where = (r.data.get("task_spec"), r.config["task"], r.data.get("spec_sha256"))
         if where not in specs:
             specs[where] = task_spec(*where)
-        checkpoint = (checkpoints or {}).get(model_name(r.config["model"]))
+        checkpoint = (checkpoints or {}).get(model_name(r.config["model"]), {})
         cells.append(Cell(r, cell_label(r.config), model_id(r), knowledge_scoring(r, specs[where]), specs[where], flagged[id(r)], checkpoint))
     return cells
 

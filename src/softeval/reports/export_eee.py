@@ -121,7 +121,7 @@ def eee_model_info(cell: Cell) -> dict:
             "config_sha256": model.get("config_sha256"),
             "gguf_sha256": identity.get("gguf_sha256"),
             "weights_sha256": identity.get("weights_sha256"),
-            **cell.series_details,
+            **cell.checkpoint,
             "revision": identity.get("revision"),
             "commit": identity.get("commit"),
         }),
@@ -193,7 +193,7 @@ def eee_generation(cell: Cell) -> dict:
     arguments = {"temperature": 0.0, "max_tokens": config["max_new_tokens"]}
     if spec is not None:
         arguments["prompt_template"] = cell.prompt_template
-    details = method_details(cell) | {"stop": config.get("stop")} | cell.series_details
+    details = method_details(cell) | {"stop": config.get("stop")} | cell.checkpoint
     return {"generation_args": arguments, "additional_details": strings(details)}
 
 

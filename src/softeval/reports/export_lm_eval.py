@@ -70,7 +70,7 @@ def lm_eval_results(group: list[Cell], name: str, samples: dict[str, list[dict]]
         "config": {
             "model": "softeval",
             "model_args": {"pretrained": first.config["model"], "method": first.config["method"], "chat": bool(first.config.get("chat")),
-                           **group[0].series_details},
+                           **group[0].checkpoint},
             "model_num_parameters": first.model.get("n_parameters"),
             "model_dtype": first.model.get("dtype"),
             "model_revision": (first.identity.get("model") or {}).get("revision"),
@@ -154,7 +154,7 @@ def lm_eval_softeval_block(group: list[Cell]) -> dict:
             c.task: {f"{m},{c.filter_of(m)}": c.result.metrics[m].model_dump() for m in METRICS} for c in group
         },
         "flags": {c.task: c.flags for c in group},
-        "series": group[0].series_details or None,  # a checkpoint's recipe, checkpoint, step and tokens
+        "series": group[0].checkpoint or None,  # a checkpoint's recipe, checkpoint, step and tokens
     }
 
 

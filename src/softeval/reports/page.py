@@ -295,7 +295,17 @@ def rank_chart(families: list[str], comparison: dict) -> str:
 def series_view(folder: Path) -> dict | None:
     """The folder's series analysis (OUTPUT/analysis.json), where there is one: per task, decision
     accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
-    from softeval.reports.series import TRUTH_METRICS, curves_figure, decision_rows, format_gap_lines, noise_rows, signal_text, target_text, truth_rows, truth_text
+    from softeval.reports.series import (
+        curves_figure,
+        decision_rows,
+        format_gap_lines,
+        noise_rows,
+        signal_text,
+        target_text,
+        truth_metrics,
+        truth_rows,
+        truth_text,
+    )
 
     path = folder / "analysis.json"
     if not path.is_file():
@@ -305,7 +315,7 @@ def series_view(folder: Path) -> dict | None:
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
          "noise": noise_rows(analysis, found), "signal": signal_text(found), "format_gap": format_gap_lines(found),
          "chart": _svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
-         "truth": {"text": truth_text(found), "metrics": TRUTH_METRICS, "rows": truth_rows(found)} if found.get("truth") else None}
+         "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None}
         for task, found in analysis["tasks"].items()
     ]
     recipes = ", ".join(f"{name} ({len(points)} checkpoints)" for name, points in analysis["series"].items())

@@ -15,7 +15,6 @@ from softeval.errors import SoftevalError
 from softeval.scoring import SERIES_FILE
 
 log = logging.getLogger("softeval")
-TRUTH_METRICS = ("task_accuracy", "knowledge", "format_following")
 
 
 def analyze(folder: Path, **settings) -> dict:
@@ -116,12 +115,14 @@ def signal_text(found: dict) -> str:
     return "Signal to noise (spread of final scores over mean noise): " + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."
 
 
+def truth_metrics(found: dict) -> list[str]:
+    """The metrics the agreement with true knowledge was computed on."""
+    return list(next(iter(found["truth"]["agreement"].values())))
+
+
 def truth_rows(found: dict) -> list[list[str]]:
     """Per method, Kendall tau-b of the checkpoints' scores against their true knowledge, per metric."""
-    truth = found.get("truth")
-    if not truth:
-        return []
-    return [[method] + [_estimate(metrics[m]) for m in TRUTH_METRICS] for method, metrics in truth["agreement"].items()]
+    return [[method] + [_estimate(metrics[m]) for m in truth_metrics(found)] for method, metrics in found["truth"]["agreement"].items()]
 
 
 def truth_text(found: dict) -> str:
@@ -154,7 +155,8 @@ def analysis_markdown(analysis: dict) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", signal_text(found)]
         if found.get("truth"):
-            lines += ["", truth_text(found), "", "| method | " + " | ".join(TRUTH_METRICS) + " |", "|---|" + "---|" * len(TRUTH_METRICS)]
+            metrics = truth_metrics(found)
+            lines += ["", truth_text(found), "", "| method | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
             lines += ["| " + " | ".join(row) + " |" for row in truth_rows(found)]
         if found.get("notes"):
             lines += ["", "Why a figure is n/a or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]

@@ -48,7 +48,7 @@ def _model(tokenizer, hidden: int, seed: int):
     return LlamaForCausalLM(config)
 
 
-def _optimizer(model, steps: int):
+def _optimizer(model):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP))
     return optimizer, schedule
@@ -68,7 +68,7 @@ def token_stream(tokenizer, texts, n_tokens: int) -> torch.Tensor:
     return torch.tensor(ids[:n_tokens])
 
 
-def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: Path, seed: int, progress=None) -> list[Path]:
+def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: Path, seed: int) -> list[Path]:
     """Train the recipe's model from scratch, saving a checkpoint at each of its checkpoint steps;
     returns the checkpoint folders. A folder saved earlier (same seed and recipe) is kept."""
     folders = [runs / recipe.name / f"checkpoint-{step}" for step in recipe.checkpoint_steps]
@@ -77,7 +77,7 @@ def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: P
     stream = token_stream(tokenizer, documents(world, recipe.templates, filler, recipe.filler, seed), recipe.steps * BATCH * LENGTH)
     batches = stream.view(recipe.steps, BATCH, LENGTH)
     model = _model(tokenizer, recipe.hidden, seed)
-    optimizer, schedule = _optimizer(model, recipe.steps)
+    optimizer, schedule = _optimizer(model)
     model.train()
     for step in range(1, recipe.steps + 1):
         loss = model(input_ids=batches[step - 1], labels=batches[step - 1]).loss
@@ -87,8 +87,6 @@ def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: P
         optimizer.zero_grad()
         if step in recipe.checkpoint_steps:
             _save(model, tokenizer, runs / recipe.name / f"checkpoint-{step}", chat=False)
-        if progress is not None:
-            progress()
     return folders
 
 
@@ -98,7 +96,7 @@ def conversations(world: World, instruction: str) -> list[tuple[str, str]]:
     return [(f"{instruction}\n\n{a.question.format(name=p.name)}", p.facts[a.name]) for p in world.people_of("post") for a in ATTRIBUTES]
 
 
-def posttrain(checkpoint: Path, world: World, tokenizer, instruction: str, out: Path, steps: int, seed: int, progress=None) -> Path:
+def posttrain(checkpoint: Path, world: World, tokenizer, instruction: str, out: Path, steps: int, seed: int) -> Path:
     """Fine-tune a recipe's last checkpoint into a chat model: the loss on the assistant's answers
     of question-answer conversations, beside biographies (so pre-training is not forgotten)."""
     from transformers import AutoModelForCausalLM
@@ -121,8 +119,6 @@ def posttrain(checkpoint: Path, world: World, tokenizer, instruction: str, out: 
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if progress is not None:
-            progress()
     _save(model, tokenizer, out, chat=True)
     return out
 
