@@ -96,7 +96,7 @@ def test_resample_statistics_equal_scipy_with_ties():
     # resample, ties included (small integers tie often)
     rng = np.random.default_rng(1)
     x, y = rng.integers(0, 4, size=(200, 6)).astype(float), rng.integers(0, 4, size=(200, 6)).astype(float)
-    tau, rho, r = stats._tau_b(x, y), stats._spearman(x, y), stats._pearson(x, y)
+    tau, rho, r = stats.kendall_tau_b(x, y), stats._spearman(x, y), stats._pearson(x, y)
     for i in range(len(x)):
         if np.ptp(x[i]) == 0 or np.ptp(y[i]) == 0:
             assert np.isnan(tau[i]) and np.isnan(rho[i]) and np.isnan(r[i])

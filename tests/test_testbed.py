@@ -57,6 +57,27 @@ def test_pre_training_is_deterministic(tmp_path):
     assert saved[0] == saved[1]
 
 
+def test_post_training_asks_each_task_as_its_prompt_does_about_untested_people(tmp_path):
+    from softeval.tasks import load_task
+    from softeval.testbed.tasks import write_tasks
+    from softeval.testbed.training import conversations
+
+    world = make_world(0, 48, SPLITS)
+    paths = write_tasks(world, tmp_path / "tasks")
+    pairs = conversations(list(paths.values()))
+    post = [world.people[i] for split in ("post", "tune", "validation") for i in world.splits[split]]  # everyone untested
+    assert len(pairs) == 2 * len(post) * len(ATTRIBUTES)
+    qa, mc = pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]
+    person, attribute = post[0], ATTRIBUTES[0]
+    assert qa[0] == (f"{load_task(paths['world_qa']).instruction}\n\n{attribute.question.format(name=person.name)}", person.facts[attribute.name])
+    assert all(user.startswith("Answer with the letter of the correct option.\n\nQuestion: ") and "\nA. " in user for user, _ in mc)
+    assert {answer for _, answer in mc} <= {"A", "B", "C", "D"}
+    for (user, letter), (_, value) in zip(mc, qa):  # the letter names the right value among the options shown
+        assert f"\n{letter}. {value}\n" in user
+    tested = {world.people[i].name for i in world.splits["test"]}
+    assert not [user for user, _ in pairs if any(name in user for name in tested)]
+
+
 @pytest.fixture(scope="module")
 def testbed(mirror, tmp_path_factory):
     folder = tmp_path_factory.mktemp("testbed") / "bed"
@@ -104,7 +125,7 @@ def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_k
     cells = {cell_key(r): r for r in finished_cells(out)}
     for task in ("world_qa", "world_mc"):
         found = analysis["tasks"][task]["truth"]
-        assert found["checkpoints"] == 6 * 3
+        assert found["checkpoints"] == 6 * 5
         names = list(found["known"])
         rows = sorted(s.index for s in cells[(names[0], task, "zero-shot", False)].samples)
         assert found["known"] == {n: pytest.approx(sum(truth["models"][n][i] for i in rows) / len(rows)) for n in names}

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
-from softeval.analysis.stats import CONFIDENCE, Estimate, paired_difference
+from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference
 from softeval.errors import SoftevalError
 from softeval.scoring import SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
@@ -319,7 +319,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
             table = outcome_table(group, rows, field)
             boot = table[:, draws].mean(axis=2)
             value = _tau(table.mean(axis=1), known.mean(axis=1))
-            resampled = np.array([_tau(boot[:, b], known_boot[:, b]) for b in range(n_resamples)], dtype=float)
+            resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
             agreement[method][metric] = _interval(value, resampled).model_dump()
     return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
 

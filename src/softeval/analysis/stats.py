@@ -144,7 +144,7 @@ def compare_predictors(
     for m, name in enumerate(names):
         rows = slice(m * n_families, (m + 1) * n_families)
         pred_point, pred_boot = point[rows], boot[rows]
-        boot_tau[name] = _tau_b(pred_boot.T, ref_boot.T)
+        boot_tau[name] = kendall_tau_b(pred_boot.T, ref_boot.T)
         methods[name] = RankAgreement(
             tau_b=_estimate(_scipy_point(kendalltau, pred_point, ref_point, variant="b"), boot_tau[name]),
             spearman=_estimate(_scipy_point(spearmanr, pred_point, ref_point), _spearman(pred_boot.T, ref_boot.T)),
@@ -207,7 +207,7 @@ def method_agreement(
     point_x, point_y, boot_x, boot_y = map(_round, (point_x, point_y, boot_x, boot_y))
     return Agreement(
         pearson=_estimate(_scipy_point(pearsonr, point_x, point_y), _pearson(boot_x.T, boot_y.T)),
-        tau_b=_estimate(_scipy_point(kendalltau, point_x, point_y, variant="b"), _tau_b(boot_x.T, boot_y.T)),
+        tau_b=_estimate(_scipy_point(kendalltau, point_x, point_y, variant="b"), kendall_tau_b(boot_x.T, boot_y.T)),
         n_cells=n_cells,
     )
 
@@ -267,7 +267,7 @@ def _scipy_point(fn, x: np.ndarray, y: np.ndarray, **kwargs) -> float | None:
 # check them against scipy, ties included.
 
 
-def _tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Kendall tau-b: sum of sign products over pairs / sqrt(untied pairs in x * untied pairs in y)."""
     i, j = np.triu_indices(x.shape[-1], k=1)
     dx, dy = np.sign(x[..., i] - x[..., j]), np.sign(y[..., i] - y[..., j])

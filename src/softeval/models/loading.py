@@ -229,7 +229,7 @@ def load_model(
 
     def weights() -> torch.nn.Module:
         release_freed_memory()  # what an earlier model left free goes back before this one loads
-        with reading(), _quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
+        with reading(), quiet_weight_loading() if kind in ("alias", "folder") else nullcontext():
             # a hub download and a GGUF dequantisation (minutes for a large model) keep their bars
             network = AutoModelForCausalLM.from_pretrained(where, **kwargs)
         network.to(device).eval().requires_grad_(False)
@@ -349,8 +349,8 @@ def check_same_model(spec: str, skeleton, network, tokenizer) -> None:
 
 
 @contextmanager
-def _quiet_weight_loading() -> Iterator[None]:
-    """Without transformers' per-tensor loading bar: a load from a local folder takes seconds,
+def quiet_weight_loading() -> Iterator[None]:
+    """Without transformers' per-tensor loading and saving bars: a load from a local folder takes seconds,
     and the bar would sit among the evaluation's own (this also hides huggingface_hub's bars)."""
     from transformers.utils import logging as hf_logging
 

@@ -21,8 +21,9 @@ import yaml
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.errors import SoftevalError
+from softeval.models.loading import quiet_weight_loading
 from softeval.testbed.corpus import filler_passages, train_tokenizer
-from softeval.testbed.tasks import QA_INSTRUCTION, write_tasks
+from softeval.testbed.tasks import write_tasks
 from softeval.testbed.training import BATCH, LENGTH, Recipe, posttrain, pretrain
 from softeval.testbed.truth import known_facts, test_facts
 from softeval.testbed.world import make_world
@@ -58,10 +59,10 @@ def _recipes(steps: int, checkpoints: int, wide: int) -> tuple[Recipe, ...]:
 
 
 SIZES = {
-    "small": Size(people=48, splits={"test": 6, "validation": 3, "tune": 10, "post": 12}, recipes=_recipes(600, 3, 96), vocab=768,
-                  post_steps=60, limit=24, tune_steps=16, eval_every=8, val_size=12),
+    "small": Size(people=48, splits={"test": 6, "validation": 3, "tune": 10, "post": 12}, recipes=_recipes(600, 5, 96), vocab=768,
+                  post_steps=150, limit=24, tune_steps=16, eval_every=8, val_size=12),
     "full": Size(people=240, splits={"test": 50, "validation": 20, "tune": 50, "post": 60}, recipes=_recipes(1200, 5, 96), vocab=1024,
-                 post_steps=200, limit=160, tune_steps=40, eval_every=10, val_size=24),
+                 post_steps=300, limit=160, tune_steps=40, eval_every=10, val_size=24),
 }
 DESIGN = {"best_knows": 0.6, "worst_knows": 0.4, "base_zero_shot_format": 0.5, "reference_format": 0.9}
 
@@ -75,6 +76,11 @@ def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir:
     needs_filler = any(r.filler for r in settings.recipes)
     if needs_filler and data_dir is None:
         raise SoftevalError("the 'filler' recipe mixes in prose from the benchmark mirror; give --data-dir (the mirror's folder)")
+    with quiet_weight_loading():  # dozens of tiny models are saved and loaded: no bar for each
+        return _build(folder, settings, seed, data_dir, needs_filler)
+
+
+def _build(folder: Path, settings: Size, seed: int, data_dir: Path | None, needs_filler: bool) -> dict:
     started = time.perf_counter()
     world = make_world(seed, settings.people, settings.splits)
     filler = filler_passages(data_dir) if needs_filler else []
@@ -85,7 +91,7 @@ def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir:
         log.info("pre-training recipe %s (%d steps)", recipe.name, recipe.steps)
         checkpoints = pretrain(recipe, world, tokenizer, filler, runs, seed)
         log.info("post-training %s into its reference", checkpoints[-1])
-        references[recipe.name] = posttrain(checkpoints[-1], world, tokenizer, QA_INSTRUCTION, folder / "references" / f"{recipe.name}-chat",
+        references[recipe.name] = posttrain(checkpoints[-1], world, tokenizer, list(tasks.values()), folder / "references" / f"{recipe.name}-chat",
                                             settings.post_steps, seed)
     truth = ground_truth(world, settings, runs, references)
     write_json_atomic(folder / "ground_truth.json", truth)
@@ -122,21 +128,24 @@ def design_check(truth: dict, settings: Size, runs: Path, references: dict[str, 
     from softeval.tasks import load_task
 
     spec = load_task(qa_task)
-    known, base_format, reference_format = {}, {}, {}
+    known, base_format, reference_format, reference_accuracy = {}, {}, {}, {}
     for recipe in settings.recipes:
         last = runs / recipe.name / f"checkpoint-{recipe.checkpoint_steps[-1]}"
         outcomes = truth["models"][model_name(str(last))]
         known[recipe.name] = sum(outcomes) / len(outcomes)
-        for folder, chat, into in ((last, False, base_format), (references[recipe.name], True, reference_format)):
-            result = evaluate(load_model(str(folder), device="cpu"), spec, "zero-shot", chat=chat, limit=settings.limit, progress=False)
-            into[recipe.name] = result.metrics["format_following"].value
+        base = evaluate(load_model(str(last), device="cpu"), spec, "zero-shot", limit=settings.limit, progress=False)
+        base_format[recipe.name] = base.metrics["format_following"].value
+        reference = evaluate(load_model(str(references[recipe.name]), device="cpu"), spec, "zero-shot", chat=True, limit=settings.limit, progress=False)
+        reference_format[recipe.name] = reference.metrics["format_following"].value
+        reference_accuracy[recipe.name] = reference.metrics["task_accuracy"].value
     checks = {
         "best recipe knows >= 60% of test facts": max(known.values()) >= DESIGN["best_knows"],
         "worst recipe knows <= 40%": min(known.values()) <= DESIGN["worst_knows"],
         "base models' zero-shot QA format-following <= 50%": max(base_format.values()) <= DESIGN["base_zero_shot_format"],
         "references' QA format-following (chat) >= 90%": min(reference_format.values()) >= DESIGN["reference_format"],
     }
-    return {"known": known, "base_zero_shot_format": base_format, "reference_chat_format": reference_format, "checks": checks}
+    return {"known": known, "base_zero_shot_format": base_format, "reference_chat_format": reference_format,
+            "reference_chat_accuracy": reference_accuracy, "checks": checks}
 
 
 def study(settings: Size, runs: Path, references: dict[str, Path], tasks: dict[str, Path], truth: Path, seed: int) -> dict:
@@ -166,9 +175,9 @@ def study(settings: Size, runs: Path, references: dict[str, Path], tasks: dict[s
 
 def describe(design: dict) -> list[str]:
     """The design check as lines for the terminal."""
-    lines = [f"{'recipe':<14}{'knows':>8}{'zero-shot QA format':>22}{'reference chat format':>24}"]
+    lines = [f"{'recipe':<14}{'knows':>8}{'zero-shot QA format':>22}{'reference chat format':>24}{'reference accuracy':>21}"]
     for name, share in design["known"].items():
         lines.append(f"{name:<14}{100 * share:>7.0f}%{100 * design['base_zero_shot_format'][name]:>21.0f}%"
-                     f"{100 * design['reference_chat_format'][name]:>23.0f}%")
+                     f"{100 * design['reference_chat_format'][name]:>23.0f}%{100 * design['reference_chat_accuracy'][name]:>20.0f}%")
     lines += [f"{'holds' if ok else 'FAILS'}: {check}" for check, ok in design["checks"].items()]
     return lines

@@ -4,8 +4,8 @@ post-training conversations.
 
 The tokenizer is a byte-level BPE of a small vocabulary trained with the `tokenizers` library on
 the world's own text (every template, question and chat turn): the models stay small, and every
-invented name splits into a few tokens. Its end-of-turn token is `<|im_end|>` (ChatML), which
-softeval's models read as an end of reply.
+invented name splits into a few tokens. Its end-of-reply token is `<|im_end|>`, which softeval's
+models read as an end of reply.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 from softeval.testbed.world import ATTRIBUTES, Person, World, biography
 
 BOS, EOS, PAD = "<|endoftext|>", "<|im_end|>", "<|pad|>"
+# the references' chat template lays a conversation out as the quizzes of pre-training do (Q:, A:),
+# each reply ended by <|im_end|>: a model this small keeps what it knows only in a layout it has read
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'user' %}Q: {{ message['content'] }}\n"
+    "{% else %}A: {{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
 )
 FILLER_FILE = "google/boolq/default/train.jsonl"  # Wikipedia passages: prose about the real world
 BIOGRAPHY_CHARS = 160  # about a biography's length: the filler mixed in after each is measured against it
@@ -62,10 +64,16 @@ def documents(world: World, n_templates: int, filler: list[str], filler_share: f
 
 
 def faq(person: Person, rng: random.Random, n_templates: int) -> str:
-    """One of a person's facts asked and answered in a full sentence."""
+    """One of a person's facts asked and answered: on a web page in a full sentence ("Where was
+    Vadro Kelim born? Vadro Kelim was born in Velmora."), in a quiz with the value alone ("Q: Where
+    was Vadro Kelim born?\nA: Velmora"), half of each. A model learns both ways of answering, each
+    cued by its layout: a bare question draws the sentence, which a short-answer benchmark's
+    strict parser refuses; the quiz's way is there for a prompt to call on."""
     attribute = rng.choice(ATTRIBUTES)
-    answer = rng.choice(attribute.templates[:n_templates]).format(name=person.name, value=person.facts[attribute.name])
-    return f"{attribute.question.format(name=person.name)} {answer}"
+    question, value = attribute.question.format(name=person.name), person.facts[attribute.name]
+    if rng.random() < 0.5:
+        return f"Q: {question}\nA: {value}"
+    return f"{question} {rng.choice(attribute.templates[:n_templates]).format(name=person.name, value=value)}"
 
 
 def tokenizer_corpus(world: World, filler: list[str]) -> Iterator[str]:
@@ -74,7 +82,7 @@ def tokenizer_corpus(world: World, filler: list[str]) -> Iterator[str]:
     for person in world.people:
         yield biography(person, rng, len(ATTRIBUTES[0].templates))
         for attribute in ATTRIBUTES:
-            yield attribute.question.format(name=person.name) + " " + person.facts[attribute.name]
+            yield f"Q: {attribute.question.format(name=person.name)}\nA: {person.facts[attribute.name]}"
     yield from filler[:2000]
     yield "Answer with the name alone. A. B. C. D. Options: Answer with the letter of the correct option."
 
@@ -87,9 +95,8 @@ def train_tokenizer(world: World, filler: list[str], vocab_size: int):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    specials = [BOS, EOS, PAD, "<|im_start|>"]
+    specials = [BOS, EOS, PAD]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     bpe.train_from_iterator(tokenizer_corpus(world, filler), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=None,
-                                   additional_special_tokens=["<|im_start|>"], model_max_length=512)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=None, model_max_length=512)

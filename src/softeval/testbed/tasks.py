@@ -8,8 +8,8 @@
   knowledge the options' log-likelihoods after the bare question.
 
 The splits ask about disjoint people: `train` (tuning rows and demonstrations), `validation` (the
-tuning curves) and `test` (scored; row i is test fact i of `truth.py`). Every person of the world
-is in pre-training; the post-training people are in none of these splits.
+tuning curves), `test` (scored; row i is test fact i of `truth.py`) and `post` (the references'
+post-training conversations, as each task asks them). Every person of the world is in pre-training.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 from softeval._io import write_text_atomic
 from softeval.testbed.world import ATTRIBUTES, World
 
-SPLITS = {"train": "tune", "validation": "validation", "test": "test"}  # file split -> world split
+SPLITS = {"train": ("tune",), "validation": ("validation",), "test": ("test",), "post": ("post", "tune", "validation")}  # file split -> world splits
 QA_INSTRUCTION = "Answer the question with the name alone."
 N_OPTIONS = 4
 
@@ -32,7 +32,7 @@ def rows(world: World, split: str) -> list[dict]:
     """One row per fact of each person the split asks about: the QA task's and the MC task's fields."""
     rng = random.Random(f"{world.seed}-{split}")
     found = []
-    for person in world.people_of(SPLITS[split]):
+    for person in [p for part in SPLITS[split] for p in world.people_of(part)]:
         for attribute in ATTRIBUTES:
             value = person.facts[attribute.name]
             others = rng.sample([v for v in world.values[attribute.name] if v != value], N_OPTIONS - 1)

@@ -1,7 +1,7 @@
 """Training the testbed's models: pre-training a recipe's tiny llama on its documents, saving
 checkpoints into a training-run folder (`runs/<recipe>/checkpoint-N`, as `series:` reads them),
 and post-training a recipe's last checkpoint into its reference model: a chat model fine-tuned on
-question-answer conversations about people that no test row asks about.
+conversations that ask each task's questions about people no test row asks about.
 
 Everything is seeded and runs on the CPU in a fixed order, so the same seed gives the same weights.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from softeval.testbed.corpus import CHAT_TEMPLATE, documents
-from softeval.testbed.world import ATTRIBUTES, World, biography
+from softeval.testbed.world import World, biography
 
 BATCH, LENGTH = 16, 64  # sequences of tokens per step: a step reads BATCH * LENGTH tokens
 LEARNING_RATE = 3e-3
@@ -43,7 +43,7 @@ def _model(tokenizer, hidden: int, seed: int):
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config)
 
@@ -90,22 +90,31 @@ def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: P
     return folders
 
 
-def conversations(world: World, instruction: str) -> list[tuple[str, str]]:
-    """Post-training pairs (user turn, assistant answer): a question about each fact of each person
-    of the post-training split, as the QA task asks it, answered with the value alone."""
-    return [(f"{instruction}\n\n{a.question.format(name=p.name)}", p.facts[a.name]) for p in world.people_of("post") for a in ATTRIBUTES]
+def conversations(tasks: list[Path]) -> list[tuple[str, str]]:
+    """Post-training pairs (user turn, assistant answer): each task's `post` rows as its zero-shot
+    chat prompt asks them (instruction, then the question), answered in its strict format."""
+    from softeval.tasks import load_task
+    from softeval.tasks.data import load_examples
+    from softeval.tasks.prompts import DEMO_SEPARATOR, target_text
+
+    pairs = []
+    for path in tasks:
+        spec = load_task(path)
+        instruction = spec.instruction + DEMO_SEPARATOR if spec.instruction else ""
+        pairs += [(instruction + spec.render("template", example), target_text(spec, example).strip()) for example in load_examples(spec, "post")]
+    return pairs
 
 
-def posttrain(checkpoint: Path, world: World, tokenizer, instruction: str, out: Path, steps: int, seed: int) -> Path:
+def posttrain(checkpoint: Path, world: World, tokenizer, tasks: list[Path], out: Path, steps: int, seed: int) -> Path:
     """Fine-tune a recipe's last checkpoint into a chat model: the loss on the assistant's answers
-    of question-answer conversations, beside biographies (so pre-training is not forgotten)."""
+    of the tasks' post-training conversations, beside biographies (so pre-training is not forgotten)."""
     from transformers import AutoModelForCausalLM
 
     if (out / "model.safetensors").is_file():
         return out
     tokenizer.chat_template = CHAT_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    pairs = conversations(world, instruction)
+    pairs = conversations(tasks)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE / 3, weight_decay=0.0)
     model.train()
@@ -127,7 +136,7 @@ def _chat_row(tokenizer, user: str, answer: str) -> tuple[list[int], list[int]]:
     """A conversation's tokens, and its labels: the answer and its end-of-turn token only."""
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
     context = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    reply = tokenizer(answer + "<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    reply = tokenizer(" " + answer + "<|im_end|>\n", add_special_tokens=False)["input_ids"]  # the prompt ends "A:"
     return context + reply, [-100] * len(context) + reply
 
 
