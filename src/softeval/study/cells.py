@@ -13,6 +13,7 @@ from softeval.errors import SoftevalError
 from softeval.models import LoadedModel, free_hub_weights
 from softeval.study.evaluation import cell_identity, evaluate, identity_difference, model_facts, rejudge
 from softeval.study.folders import CellReport, cell_folder, finished_identity, tuned_folder
+from softeval.study.locks import claimed
 from softeval.study.settings import Study
 from softeval.tasks import TaskSpec
 from softeval.tuning import (
@@ -72,7 +73,14 @@ def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
     return [False, True]
 
 
-def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress) -> CellReport:
+def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, output: Path, **options) -> CellReport:
+    """A cell, claimed for as long as it is computed: a second command that shares the output
+    folder waits, then finds it finished (see `locks.py`)."""
+    with claimed(output, folder):
+        return _compute_cell(lm, spec, study, method, chat, folder, output=output, **options)
+
+
+def _compute_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress) -> CellReport:
     tuned = None
     if method in TUNED:
         if method == "soft-prompt" and soft is not None:
@@ -80,8 +88,9 @@ def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, 
         else:
             place = tuned_folder(output, lm.name, spec.name, method, chat)
             start = _warm_start(study, output, lm.name, spec.name, chat) if method == "soft-prompt" else None
-            tuned = tuned_or_reused(lm, spec, study.tune_config(method, chat), place, data_dir=data_dir, sweep_grid=study.sweep,
-                                    sweep_steps=study.sweep_steps, force=force, progress=progress, start=start)
+            with claimed(output, place):
+                tuned = tuned_or_reused(lm, spec, study.tune_config(method, chat), place, data_dir=data_dir, sweep_grid=study.sweep,
+                                        sweep_steps=study.sweep_steps, force=force, progress=progress, start=start)
     settings = dict(chat=chat, k=study.k, limit=study.limit, seed=study.seed, data_dir=data_dir)
     wanted = cell_identity(lm, spec, method, **settings, tuned=tuned)
     finished = finished_identity(folder)
