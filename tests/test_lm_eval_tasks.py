@@ -189,6 +189,22 @@ def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
     assert "\n" not in str(caught.value)
 
 
+def test_a_task_module_that_ends_the_process_is_told_in_one_line(monkeypatch, capsys, tmp_path, tiny_model_dirs):
+    """lm-eval's slr_bench module calls sys.exit when it is imported without SWI-Prolog (or fails
+    to import `evaluate`): softeval goes on to its own one-line error, naming the task and the
+    module's message."""
+    import shutil
+
+    from test_bad_input import user_sees
+
+    if shutil.which("swipl"):
+        pytest.skip("SWI-Prolog is installed: slr_bench's module imports")
+    err = user_sees(monkeypatch, capsys, "eval", "--model", tiny_model_dirs["llama"], "--task", "lm-eval:slr_bench_basic", "--output", tmp_path / "out")
+    assert err.startswith("error: lm-eval task 'slr_bench_basic': its configuration cannot be loaded (")
+    assert "SWI-Prolog" in err or "ImportError" in err or "ModuleNotFoundError" in err
+    assert "\n" not in err.strip() and not (tmp_path / "out").exists()
+
+
 def test_the_user_sees_one_line_for_a_group(monkeypatch, capsys, tmp_path, tiny_model_dirs):
     from test_bad_input import user_sees
 

@@ -179,11 +179,17 @@ def _config(task_name: str) -> dict:
         raise SoftevalError(f"lm-eval '{task_name}' names several tasks (a {entry.kind.name.lower()}); give them one by one{example}{own}")
     try:
         config = load_yaml(entry.yaml_path, resolve_func=True)
-    except Exception as exc:  # noqa: BLE001 - a task's own module may import what is not installed
-        raise SoftevalError(f"lm-eval task '{task_name}': its configuration cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    # a task's own module may import what is not installed, or end the process when it is imported
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        raise SoftevalError(f"lm-eval task '{task_name}': its configuration cannot be loaded ({_said(exc)})") from exc
     if "class" in config or config.get("custom_dataset"):
         raise SoftevalError(f"lm-eval defines task '{task_name}' with code of its own (a task class or a custom dataset), which softeval cannot use")
     return {key: value for key, value in config.items() if key not in ("tag", "group", "task_list")}
+
+
+def _said(exc: BaseException) -> str:
+    """A third-party exception as one line: its kind and its own message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def lm_eval_prompt(task_name: str) -> str | None:
@@ -229,8 +235,8 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
         task = ConfigurableTask(config=config)
         process = task.config.process_docs
         docs = list(process(table) if process is not None else table)
-    except Exception as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
-        raise SoftevalError(f"lm-eval task {task_name} cannot read split '{split}' ({type(exc).__name__}: {str(exc)[:200]}); check the data") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
+        raise SoftevalError(f"lm-eval task {task_name} cannot read split '{split}' ({_said(exc)[:200]}); check the data") from exc
     finally:
         lm_eval_log.setLevel(level)
     # lm-eval's processing may drop rows: a document is then known by its position
@@ -239,8 +245,8 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
     for doc, source in zip(docs, where):
         try:
             computed.append((doc | _computed(task, doc), source))
-        except Exception as exc:  # noqa: BLE001 - lm-eval's templates and functions raise many kinds
-            raise SoftevalError(f"{source}: lm-eval task {task_name} cannot read this row ({type(exc).__name__}: {exc}); check the data") from exc
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - lm-eval's templates and functions raise many kinds
+            raise SoftevalError(f"{source}: lm-eval task {task_name} cannot read this row ({_said(exc)}); check the data") from exc
     return computed
 
 
