@@ -61,8 +61,8 @@ def _recipes(steps: int, checkpoints: int, wide: int) -> tuple[Recipe, ...]:
 SIZES = {
     "small": Size(people=48, splits={"test": 6, "validation": 3, "tune": 10, "post": 12}, recipes=_recipes(600, 5, 96), vocab=768,
                   post_steps=150, limit=24, tune_steps=16, eval_every=8, val_size=12),
-    "full": Size(people=240, splits={"test": 50, "validation": 20, "tune": 50, "post": 60}, recipes=_recipes(1200, 5, 96), vocab=1024,
-                 post_steps=300, limit=160, tune_steps=40, eval_every=10, val_size=24),
+    "full": Size(people=240, splits={"test": 50, "validation": 20, "tune": 50, "post": 60}, recipes=_recipes(2400, 5, 96), vocab=1024,
+                 post_steps=300, limit=160, tune_steps=80, eval_every=20, val_size=24),
 }
 DESIGN = {"best_knows": 0.6, "worst_knows": 0.4, "base_zero_shot_format": 0.5, "reference_format": 0.9}
 

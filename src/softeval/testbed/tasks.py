@@ -8,8 +8,9 @@
   knowledge the options' log-likelihoods after the bare question.
 
 The splits ask about disjoint people: `train` (tuning rows and demonstrations), `validation` (the
-tuning curves), `test` (scored; row i is test fact i of `truth.py`) and `post` (the references'
-post-training conversations, as each task asks them). Every person of the world is in pre-training.
+tuning curves) and `test` (scored; row i is test fact i of `truth.py`); `post` asks about every
+person no test row asks about, for the references' post-training conversations. Every person of
+the world is in pre-training.
 """
 
 from __future__ import annotations
