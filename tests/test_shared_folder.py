@@ -9,6 +9,9 @@ import signal
 import subprocess
 import sys
 
+import pytest
+from filelock import FileLock, Timeout
+
 from conftest import ROWS, write_user_task
 from softeval._io import KILL_BEFORE_RENAME_ENV
 from softeval.study.locks import claimed, lock_path
@@ -67,13 +70,8 @@ def test_a_claim_held_elsewhere_is_waited_for(tmp_path):
                                f"with claimed(Path({str(out)!r}), Path({str(folder)!r})):\n    print('held', flush=True)\n    time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    from filelock import FileLock, Timeout
-
-    try:
+    with pytest.raises(Timeout):  # the claim of a living process is not taken
         FileLock(lock_path(out, folder)).acquire(timeout=0.2)
-        raise AssertionError("the claim of a living process was taken")
-    except Timeout:
-        pass
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     with claimed(out, folder):  # the dead holder's claim is free at once

@@ -397,10 +397,8 @@ def testbed_command(
     """Build a pre-training testbed where the truth is known: recipes of tiny models that know a
     measured share of invented facts, their checkpoints and post-trained references, and a study."""
     from softeval.tasks import resolve_data_dir
-    from softeval.testbed import SIZES, build_testbed, describe
+    from softeval.testbed import build_testbed, describe
 
-    if size not in SIZES:
-        raise SoftevalError(f"--size: unknown size '{size}'; choose one of: {', '.join(SIZES)}")
     check_output(folder, "FOLDER")
     design = build_testbed(folder, seed=seed, size=size, data_dir=resolve_data_dir(data_dir))
     for line in describe(design):

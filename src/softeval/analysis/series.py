@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
-from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference
+from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, scipy_point
 from softeval.errors import SoftevalError
 from softeval.scoring import SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
@@ -318,17 +318,10 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
         for metric, field in CURVE_METRICS.items():
             table = outcome_table(group, rows, field)
             boot = table[:, draws].mean(axis=2)
-            value = _tau(table.mean(axis=1), known.mean(axis=1))
+            value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
             agreement[method][metric] = _interval(value, resampled).model_dump()
     return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
-
-
-def _tau(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Kendall tau-b, None where either side is constant (no order to agree with)."""
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None
-    return float(kendalltau(x, y).statistic)
 
 
 def _other_target(series: dict, references: dict, by_reference: bool, cells: dict, task: str, methods: list[str]) -> dict | None:

@@ -146,8 +146,8 @@ def compare_predictors(
         pred_point, pred_boot = point[rows], boot[rows]
         boot_tau[name] = kendall_tau_b(pred_boot.T, ref_boot.T)
         methods[name] = RankAgreement(
-            tau_b=_estimate(_scipy_point(kendalltau, pred_point, ref_point, variant="b"), boot_tau[name]),
-            spearman=_estimate(_scipy_point(spearmanr, pred_point, ref_point), _spearman(pred_boot.T, ref_boot.T)),
+            tau_b=_estimate(scipy_point(kendalltau, pred_point, ref_point, variant="b"), boot_tau[name]),
+            spearman=_estimate(scipy_point(spearmanr, pred_point, ref_point), _spearman(pred_boot.T, ref_boot.T)),
             n_families=n_families,
             n_tasks=len(ref),
             predictor_scores=pred_point.tolist(),
@@ -206,8 +206,8 @@ def method_agreement(
         boot_x[cells], boot_y[cells] = boot[:k], boot[k:]
     point_x, point_y, boot_x, boot_y = map(_round, (point_x, point_y, boot_x, boot_y))
     return Agreement(
-        pearson=_estimate(_scipy_point(pearsonr, point_x, point_y), _pearson(boot_x.T, boot_y.T)),
-        tau_b=_estimate(_scipy_point(kendalltau, point_x, point_y, variant="b"), kendall_tau_b(boot_x.T, boot_y.T)),
+        pearson=_estimate(scipy_point(pearsonr, point_x, point_y), _pearson(boot_x.T, boot_y.T)),
+        tau_b=_estimate(scipy_point(kendalltau, point_x, point_y, variant="b"), kendall_tau_b(boot_x.T, boot_y.T)),
         n_cells=n_cells,
     )
 
@@ -252,7 +252,7 @@ def _estimate(value: float | None, boot: np.ndarray) -> Estimate:
 # ---------------------------------------------------------------- statistics
 
 
-def _scipy_point(fn, x: np.ndarray, y: np.ndarray, **kwargs) -> float | None:
+def scipy_point(fn, x: np.ndarray, y: np.ndarray, **kwargs) -> float | None:
     """The point value from scipy's own function; None with fewer than 2 values or a constant side."""
     if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None

@@ -70,7 +70,7 @@ DESIGN = {"best_knows": 0.6, "worst_knows": 0.4, "base_zero_shot_format": 0.5, "
 def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir: Path | None = None) -> dict:
     """Build everything in `folder` and return the design check; a step whose files exist is kept."""
     if size not in SIZES:
-        raise SoftevalError(f"unknown testbed size '{size}'; choose small or full")
+        raise SoftevalError(f"--size: unknown size '{size}'; choose one of: {', '.join(SIZES)}")
     settings = SIZES[size]
     folder = Path(folder).resolve()
     needs_filler = any(r.filler for r in settings.recipes)
