@@ -21,7 +21,7 @@ from conftest import STUDY_ROWS, write_study, write_user_task
 from softeval import cli
 from softeval.analysis import cell_label, finished_cells
 from softeval.cli import app
-from softeval.scoring import METRICS, ROW_METRICS
+from softeval.scoring import GOLD_METRICS, LOWER_IS_BETTER, METRICS, ROW_METRICS
 
 runner = CliRunner()
 EEE_WHEEL = "every-eval-ever==0.3.0"
@@ -121,7 +121,12 @@ def check_eee_results(log: dict, cell) -> None:
     """Each defined metric a result of its own with its exact value and interval; an undefined one said."""
     results = {r["evaluation_result_id"]: r for r in log["evaluation_results"]}
     undefined = [m for m in METRICS if cell.metrics[m].value is None]
-    assert set(results) == set(METRICS) - set(undefined)
+    gold = {m for m in GOLD_METRICS if m in cell.metrics and cell.metrics[m].value is not None}
+    assert gold >= {"gold_bpb", "gold_logprob"}  # every cell scores its gold answer
+    assert set(results) == set(METRICS) - set(undefined) | gold
+    for metric in gold:
+        config = results.pop(metric)["metric_config"]
+        assert config["lower_is_better"] == (metric in LOWER_IS_BETTER) and config["metric_id"] == f"softeval.{metric}"
     assert log["source_metadata"]["additional_details"].get("undefined_metrics") == (", ".join(undefined) or None)
     for metric, entry in results.items():
         value = cell.metrics[metric]
@@ -173,6 +178,9 @@ def check_eee_samples(export: Path, log: dict, cell, validator) -> None:
         scores[row["evaluation_result_id"]].append(row["evaluation"]["score"])
     for metric in scores:
         value = cell.metrics[metric].value
+        if metric in GOLD_METRICS:  # a likelihood: each row's value, averaging to the cell's
+            assert len(scores[metric]) == len(cell.samples) and sum(scores[metric]) / len(cell.samples) == pytest.approx(value, abs=1e-5)
+            continue
         counted = [s for s in cell.samples if metric != "conditional_accuracy" or s.format_ok]
         assert len(scores[metric]) == len(counted)
         assert sum(scores[metric]) / len(counted) == pytest.approx(value, abs=1e-6)

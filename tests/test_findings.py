@@ -128,6 +128,28 @@ def test_soft_prompt_above_a_baseline(low, high, verdict):
     assert [(f.claim, f.verdict) for f in found if f.model] == [("above_zero_shot", verdict)]
 
 
+def test_an_undetermined_paired_finding_says_which_rows_would_decide():
+    from softeval.analysis.stats import paired_difference, paired_power
+
+    rng = np.random.default_rng(3)
+    a, b = (rng.random(60) < 0.55).astype(float), (rng.random(60) < 0.5).astype(float)
+    d = paired_difference(a, b).model_dump()
+    assert d["ci_low"] < 0 < d["ci_high"] and d["value"] > 0
+    compared = {"model": "base", "task": "t", "chat": False, "method": "soft-prompt", "baseline": "zero-shot", "n": 60, "task_accuracy": d}
+    (found,) = [f for f in F._paired_findings([compared], {"base": "base"}, set(), {}) if f.model]
+    detectable, needed = paired_power(a - b)
+    assert found.verdict == "undetermined" and found.p_value == d["p_value"] > 0.05
+    assert f"at 60 rows it detects {100 * detectable:.1f} points or more (80% power)" in found.reason
+    assert f"about {needed:,} rows would detect the observed {100 * d['value']:+.1f}" in found.reason
+
+
+def test_holm_turns_a_marginal_verdict_undetermined():
+    findings = [F.Finding(claim="above_zero_shot", verdict="holds", reason="", p_value=p) for p in (0.001, 0.03, 0.04)]
+    adjusted = F.with_holm(findings + [F.Finding(claim="saturation", verdict="holds", reason="")])
+    assert [f.p_holm for f in adjusted] == pytest.approx([0.003, 0.06, 0.06, None])
+    assert [f.holm_verdict for f in adjusted] == ["holds", "undetermined", "undetermined", None]
+
+
 def test_a_finding_on_a_guessed_role_is_undetermined():
     found = F._paired_findings([comparison("m", "soft-prompt", "zero-shot", 0.1, 0.3)], {"m": "post-trained"}, {"m"}, {})
     (finding,) = [f for f in found if f.claim == "post_trained_format"]
@@ -254,7 +276,12 @@ def test_a_tiny_study_states_its_findings_everywhere(tmp_path, family_dirs):
     result = CliRunner().invoke(app, ["study", str(study), "--output", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "comparison.json").read_text())["findings"]
-    assert {f["claim"] for f in saved} == set(F.CLAIMS) - {"true_knowledge"}  # stated only where a study declares a ground truth
+    # stated only where a study declares a ground truth, or series
+    assert {f["claim"] for f in saved} == set(F.CLAIMS) - {"true_knowledge", "early_decision"}
+    # the paired findings' p-values, Holm-adjusted across the study's
+    tested = [f for f in saved if f["p_value"] is not None]
+    assert {f["claim"] for f in tested} <= {"above_zero_shot", "above_few_shot", "post_trained_format"} and len(tested) >= 6
+    assert all(f["p_holm"] >= f["p_value"] for f in tested) and all(f["holm_verdict"] for f in tested)
     assert all(f["verdict"] in ("holds", "does not hold", "undetermined", "not applicable") for f in saved)
     by_claim = {}
     for f in saved:
@@ -267,7 +294,7 @@ def test_a_tiny_study_states_its_findings_everywhere(tmp_path, family_dirs):
     assert all(f["verdict"] == "undetermined" and "4 validation rows" in f["reason"] for f in by_claim["saturation"])
     report = (out / "comparison.md").read_text()
     assert report.index("## Findings") < report.index("## Cells")
-    assert "findings (95% intervals)" in result.output and "soft-prompt and LoRA scores line up" in result.output
+    assert "findings (95% intervals" in result.output and "soft-prompt and LoRA scores line up" in result.output
 
 
 # --- numbers a finding must not rest on -----------------------------------------------------------

@@ -93,6 +93,10 @@ def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
     assert page.locator("table.findings span.verdict").all_text_contents() == [f["verdict"] for f in saved]
     assert page.locator("#run table").first.locator("tr").count() == 1 + 6  # six models with their identity
     assert page.locator("table.overview tr").count() == 1 + 3 * 4 + 3 * 8  # base: 4 methods, post-trained: 4 x 2 chat modes
+    # every cell's likelihood of the gold answer, bits per byte said to be lower-is-better
+    assert page.locator("table.gold tr").count() == 1 + 3 * 4 + 3 * 8
+    assert "lower is better" in page.locator("table.gold th", has_text="gold bpb").first.get_attribute("title")
+    assert page.locator("table.findings th", has_text="Holm").count() == 1
     # each metric's column says what it measures
     assert "right when it keeps the format" in page.locator("table.overview th", has_text="cond acc").first.get_attribute("title")
     assert page.locator("#overview svg").count() == 1 and page.locator("#curves svg").count() == 3 * 2 + 3 * 4

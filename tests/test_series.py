@@ -132,6 +132,21 @@ def test_a_tiny_pretraining_run_is_analysed_end_to_end(tmp_path, mirror, monkeyp
                     for s in (40, 80, 120)]
         assert [b["decision_accuracy"]["value"] for b in found["decisions"][method]] == expected
     assert found["decisions"]["zero-shot"][-1]["decision_accuracy"]["value"] == 0.0  # the references order the recipes the other way
+
+    # every method read through every metric predicts, bits per byte negated: here computed from the samples
+    def mean_of(model: str, method: str, field: str) -> float:
+        lines = (out / model / "arc_easy" / method / "samples.jsonl").read_text().splitlines()
+        return np.mean([json.loads(line)[field] for line in lines])
+
+    predictors = found["predictors"]
+    assert {"soft-prompt / task_accuracy", "zero-shot / gold_prob", "few-shot / cloze_gold_bpb"} <= set(predictors["results"])
+    for name, field, sign in (("zero-shot / cloze_gold_bpb", "cloze_gold_bpb", -1), ("soft-prompt / gold_prob", "gold_prob", 1)):
+        method = name.split(" / ")[0]
+        expected = [decision_accuracy([sign * mean_of(f"{r}@checkpoint-{s}", method, field) for r in ("qa", "science")], target) for s in (40, 80, 120)]
+        assert [b["value"] for b in predictors["results"][name]["decision_accuracy"]] == expected
+    proxy = predictors["differences"][0]
+    assert proxy["first"] == "soft-prompt / task_accuracy" and proxy["best_continuous"]
+    assert "gold" in proxy["second"] and "minus" in (out / "analysis.md").read_text()
     assert [b["budget"] for b in found["decisions"]["soft-prompt"]] == [40 * 256, 80 * 256, 120 * 256]
     assert "| **decides from** |" in result.output and "post-trained reference model's knowledge" in result.output
     assert (out / "analysis_arc_easy.png").is_file()

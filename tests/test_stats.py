@@ -292,3 +292,53 @@ def test_rank_agreement_interval_covers_the_true_tau():
         tau = rank_agreement(predictor, reference, n_resamples=500, seed=i).tau_b
         hits += tau.ci_low is not None and tau.ci_low <= true_tau <= tau.ci_high
     assert hits / 200 >= 0.90
+
+
+# --- what paired rows can detect -----------------------------------------------------------------
+
+
+def test_rows_needed_reach_their_power_in_simulation():
+    """Paired 0/1 outcomes with a known effect: at the rows the formula asks for, a two-sided
+    paired z-test detects the effect in about 80% of simulated studies."""
+    from scipy.stats import norm
+
+    from softeval.analysis.stats import paired_power
+
+    rng = np.random.default_rng(0)
+    p_a, p_b = 0.55, 0.45  # independent rows: the per-row difference has mean 0.1
+    pilot = (rng.random(100_000) < p_a).astype(float) - (rng.random(100_000) < p_b)
+    detectable, needed = paired_power(pilot)
+    sd = pilot.std(ddof=1)
+    assert needed == pytest.approx(((norm.ppf(0.975) + norm.ppf(0.8)) * sd / 0.1) ** 2, rel=0.03)
+    studies = 4000
+    diffs = (rng.random((studies, needed)) < p_a).astype(float) - (rng.random((studies, needed)) < p_b)
+    z = diffs.mean(axis=1) / (diffs.std(axis=1, ddof=1) / np.sqrt(needed))
+    assert np.mean(np.abs(z) > norm.ppf(0.975)) == pytest.approx(0.8, abs=0.03)
+    # and the detectable difference at those rows is the effect itself
+    assert paired_power(pilot[:needed])[0] == pytest.approx(0.1, rel=0.1)
+    assert detectable < 0.01  # 100,000 rows detect far less
+
+
+def test_no_spread_or_no_difference_has_no_rows_needed():
+    from softeval.analysis.stats import paired_power
+
+    assert paired_power(np.zeros(50)) == (None, None)
+    detectable, needed = paired_power(np.array([1.0, -1.0] * 25))
+    assert detectable is not None and needed is None
+
+
+def test_holm_adjusts_as_the_textbook_example():
+    from softeval.analysis.stats import holm
+
+    # p = 0.01, 0.04, 0.03, 0.005 (m = 4): sorted 0.005, 0.01, 0.03, 0.04 -> 0.02, 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, None, 0.03, 0.005]) == pytest.approx([0.03, 0.06, None, 0.06, 0.02])
+
+
+def test_the_bootstrap_p_value_is_below_5_percent_where_the_interval_excludes_0():
+    from softeval.analysis.stats import paired_difference
+
+    rng = np.random.default_rng(1)
+    for shift in (0.0, 0.05, 0.1, 0.2):
+        a, b = (rng.random(150) < 0.5 + shift).astype(float), (rng.random(150) < 0.5).astype(float)
+        d = paired_difference(a, b)
+        assert (d.p_value < 0.05) == d.excludes_zero or abs(d.p_value - 0.05) < 0.01

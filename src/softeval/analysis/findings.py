@@ -34,10 +34,19 @@ The claims and their rules:
 6. `soft_prompt_vs_lora`: soft-prompt and LoRA task accuracy line up across cells: Pearson r
    (Kendall tau-b beside it). Holds where r's interval lies above LINE_UP_R, does not hold where
    it lies below.
-7. `true_knowledge` (where a study declares a ground truth, as the testbed's does): a method's
+7. `early_decision` (where a study holds series): the soft prompt's task accuracy decides
+   between recipes better than the best continuous proxy (the gold answer's probability or bits
+   per byte, under any method): the difference in decision accuracy, averaged over the budgets,
+   with a paired interval (the same row draws for both; see `decisions.py`).
+8. `true_knowledge` (where a study declares a ground truth, as the testbed's does): a method's
    task accuracy orders the series' checkpoints by the share of test facts they truly know:
    Kendall tau-b with a row-bootstrap interval, from the series analysis. Holds where the interval
    lies above TRUE_KNOWLEDGE_TAU, does not hold where it lies below.
+
+Findings tested against 0 (3, 4 and 7) carry a two-sided bootstrap p-value, and a Holm-adjusted
+one across those of the study (`holm_verdict`: the verdict at the adjusted level). A paired
+finding left undetermined because its interval includes 0 states the smallest difference its
+rows could detect and the rows that would detect the observed one, each with 80% power.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from pydantic import BaseModel
 
 from softeval.analysis.comparisons import cell_flags, cell_key
 from softeval.analysis.ranking import MIN_FAMILIES, families
-from softeval.analysis.stats import CONFIDENCE, paired_difference
+from softeval.analysis.stats import CONFIDENCE, holm, paired_difference
 from softeval.scoring import MODELS_FILE, EvalResult
 
 Verdict = Literal["holds", "does not hold", "undetermined", "not applicable"]
@@ -77,6 +86,7 @@ CLAIMS = {
     "ranking_vs_zero_shot": "soft-prompted base models predict the post-trained ranking better than zero-shot",
     "ranking_vs_few_shot": "soft-prompted base models predict the post-trained ranking better than few-shot",
     "soft_prompt_vs_lora": "soft-prompt and LoRA scores line up",
+    "early_decision": "soft-prompt task accuracy decides between recipes better than the best continuous proxy",
     "true_knowledge": "a method's scores order checkpoints by what they truly know",
 }
 
@@ -93,6 +103,9 @@ class Finding(BaseModel):
     ci_high: float | None = None
     verdict: Verdict
     reason: str
+    p_value: float | None = None  # two-sided, against 0, where the verdict rests on such a test
+    p_holm: float | None = None  # Holm-adjusted across the study's findings that have a p-value
+    holm_verdict: Verdict | None = None  # the verdict at the Holm-adjusted level; None without a p-value
 
 
 def study_findings(folder: Path, results: list[EvalResult], comparisons: list[dict], agreement: dict | None) -> list[Finding]:
@@ -108,7 +121,22 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
     findings.append(_lora_finding(agreement, flags))
+    findings += _decision_findings(folder)
     findings += _truth_findings(folder)
+    return with_holm(findings)
+
+
+def with_holm(findings: list[Finding]) -> list[Finding]:
+    """The findings with Holm-adjusted p-values across those that have one, and the verdict each
+    keeps at the adjusted level: a holds or does not hold whose adjusted p-value is not below
+    1 - CONFIDENCE becomes undetermined."""
+    adjusted = holm([f.p_value for f in findings])
+    for f, p in zip(findings, adjusted):
+        if p is None:
+            continue
+        f.p_holm = p
+        decided = f.verdict in ("holds", "does not hold")
+        f.holm_verdict = f.verdict if not decided or p < 1 - CONFIDENCE else "undetermined"
     return findings
 
 
@@ -277,7 +305,7 @@ def _above(claim: str, comparison: dict, metric: str, flags: dict, guessed: set[
     """A method above its baseline on `metric` by the paired difference's interval."""
     d = comparison[metric]
     model, task, chat, baseline = comparison["model"], comparison["task"], comparison["chat"], comparison["baseline"]
-    finding = dict(claim=claim, model=model, task=task, chat=chat, value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"],
+    finding = dict(claim=claim, model=model, task=task, chat=chat, value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"], p_value=d.get("p_value"),
                    statistic=f"{metric.replace('_', ' ')}, soft-prompt minus {baseline}{' (chat)' if chat else ''}, {comparison['n']} rows")
     undermined = sorted({f for method in ("soft-prompt", baseline) for f in flags.get((model, task, method, chat), [])})
     if undermined:
@@ -285,7 +313,20 @@ def _above(claim: str, comparison: dict, metric: str, flags: dict, guessed: set[
     if model in guessed:
         return Finding(**finding, verdict="undetermined", reason=f"{model}'s role is guessed from its chat template (a base model may have one): "
                        "declare it in a study file (role: base or role: post-trained)")
-    return Finding(**finding, **_sign_verdict(d["ci_low"], d["ci_high"]))
+    verdict = _sign_verdict(d["ci_low"], d["ci_high"])
+    if verdict["verdict"] == "undetermined" and d["ci_low"] is not None:
+        verdict["reason"] += _rows_that_would_decide(d)
+    return Finding(**finding, **verdict)
+
+
+def _rows_that_would_decide(d: dict) -> str:
+    """What an undetermined paired difference's rows can detect and how many would detect it."""
+    if d.get("detectable") is None:
+        return ""
+    said = f"; at {d['n']} rows it detects {100 * d['detectable']:.1f} points or more (80% power)"
+    if d.get("rows_needed") is not None:
+        said += f", and about {d['rows_needed']:,} rows would detect the observed {100 * d['value']:+.1f}"
+    return said
 
 
 def _sign_verdict(low: float | None, high: float | None) -> dict:
@@ -367,6 +408,25 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
 
 
 # --- 7: true knowledge ----------------------------------------------------------------------------
+
+
+def _decision_findings(folder: Path) -> list[Finding]:
+    """Per task of the folder's series analysis, the soft prompt's task accuracy against the best
+    continuous proxy in decision accuracy (mean over budgets, paired interval)."""
+    path = folder / "analysis.json"
+    if not path.is_file():
+        return []
+    findings = []
+    for task, found in json.loads(path.read_text(encoding="utf-8")).get("tasks", {}).items():
+        proxy = next((d for d in (found.get("predictors") or {}).get("differences", []) if d["best_continuous"]), None)
+        if proxy is None:
+            continue
+        mean = proxy["mean"]
+        finding = dict(claim="early_decision", method="soft-prompt", task=task, value=mean["value"], ci_low=mean["ci_low"], ci_high=mean["ci_high"],
+                       statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
+                       f"{proxy['second']}, {found['rows']} rows")
+        findings.append(Finding(**finding, **_sign_verdict(mean["ci_low"], mean["ci_high"]), p_value=proxy.get("p_value")))
+    return findings
 
 
 def _truth_findings(folder: Path) -> list[Finding]:

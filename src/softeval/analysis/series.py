@@ -26,9 +26,10 @@ from pydantic import BaseModel
 from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
+from softeval.analysis.decisions import compare_decisions, decision_difference
 from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, scipy_point
 from softeval.errors import SoftevalError
-from softeval.scoring import SERIES_FILE, TRUTH_FILE
+from softeval.scoring import GOLD_METRICS, LOWER_IS_BETTER, SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
 
 NOISE_CHECKPOINTS = 3  # a series' noise: the spread of its last this many checkpoints
@@ -169,6 +170,23 @@ def _interval(value: float | None, resampled: np.ndarray) -> Estimate:
 # --- a folder's series ------------------------------------------------------------------------------
 
 CURVE_METRICS = {"task_accuracy": "task_correct", "knowledge": "knowledge_correct", "format_following": "format_ok"}
+# what a method's scores are read through when it predicts the better recipe: its accuracies and
+# the gold answer's likelihood (continuous; bits per byte negated, so higher is better everywhere)
+PREDICTOR_METRICS = {"task_accuracy": "task_correct", "knowledge": "knowledge_correct"} | {
+    m: GOLD_METRICS[m] for m in ("prompt_knowledge", "gold_prob", "cloze_gold_prob", "gold_bpb", "cloze_gold_bpb")}
+CONTINUOUS = ("gold_prob", "cloze_gold_prob", "gold_bpb", "cloze_gold_bpb")
+
+
+def oriented_table(results: list, rows: list[int], metric: str) -> np.ndarray | None:
+    """(cells, rows) values of a predictor metric, negated where lower is better; None where a
+    cell lacks it on some row (a cell evaluated before the metric existed, or a task without it)."""
+    field = PREDICTOR_METRICS[metric]
+    for result in results:
+        by_index = {s.index: s for s in result.samples}
+        if any(getattr(by_index[i], field, None) is None for i in rows):
+            return None
+    table = outcome_table(results, rows, field)
+    return -table if metric in LOWER_IS_BETTER else table
 
 
 def read_series(folder: Path) -> dict[str, dict]:
@@ -280,6 +298,9 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
         found["recipes"][method] = {n: r.model_dump() for n, r in noises.items()}
         found["recipes"][method]["signal_to_noise"] = signal_to_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
     common = budgets(x)
+    if common:
+        found["predictors"] = _predictors(series, cells, task, methods, rows, [latest for _, latest in common], target, threshold, n_resamples, seed)
+        found["predictors"]["budgets"] = [budget for budget, _ in common]
     found["notes"] = _notes(found, target_cells, rows, target_metric, threshold, first_budget=min(min(xs) for xs in x),
                             first_common=common[0][0] if common else None,
                             other_target=_other_target(series, references, by_reference, cells, task, methods))
@@ -291,6 +312,29 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
                 for n in names
             }
     return found
+
+
+def _predictors(series: dict, cells: dict, task: str, methods: list[str], rows: list[int], checkpoints: list[list[int]], target: np.ndarray,
+                threshold: float, n_resamples: int, seed: int) -> dict:
+    """Every (method, metric) predictor the cells hold, compared (see `decisions`), and the
+    soft prompt's task accuracy against the best continuous proxy and the best predictor."""
+    predictors = {}
+    for method in methods:
+        for metric in PREDICTOR_METRICS:
+            tables = [oriented_table([cells[(p["model"], task, method, False)] for p in points], rows, metric) for points in series.values()]
+            if all(t is not None for t in tables):
+                predictors[f"{method} / {metric}"] = tables
+    compared = compare_decisions(predictors, checkpoints, target, threshold=threshold, n_resamples=n_resamples, seed=seed)
+    mean = lambda name: compared["predictors"][name]["mean"]["value"]  # noqa: E731
+    ranked = sorted(compared["predictors"], key=lambda name: 1 if mean(name) is None else -mean(name))  # best first, n/a last
+    soft = "soft-prompt / task_accuracy"
+    differences = []
+    if soft in compared["predictors"]:
+        proxy = next((name for name in ranked if name.split(" / ")[1].split(" (")[0] in CONTINUOUS), None)
+        best = next((name for name in ranked if name != soft), None)
+        for other in dict.fromkeys(n for n in (proxy, best) if n is not None):
+            differences.append(decision_difference(compared, soft, other) | {"best_continuous": other == proxy})
+    return {"results": compared["predictors"], "ranked": ranked, "differences": differences}
 
 
 def read_truth(folder: Path) -> dict | None:
@@ -315,8 +359,10 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
     agreement = {}
     for method, group in keyed.items():
         agreement[method] = {}
-        for metric, field in CURVE_METRICS.items():
-            table = outcome_table(group, rows, field)
+        for metric in dict.fromkeys([*CURVE_METRICS, *PREDICTOR_METRICS]):
+            table = outcome_table(group, rows, CURVE_METRICS[metric]) if metric in CURVE_METRICS else oriented_table(group, rows, metric)
+            if table is None:
+                continue
             boot = table[:, draws].mean(axis=2)
             value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant

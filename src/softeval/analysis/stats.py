@@ -25,6 +25,7 @@ from scipy.stats import kendalltau, pearsonr, rankdata, spearmanr
 from softeval.errors import SoftevalError
 
 CONFIDENCE = 0.95
+POWER = 0.8  # the power a study plans for: rows that would detect a difference 80% of the time
 _SCORE_DECIMALS = 12  # scores equal up to float noise count as tied, as they are on paper
 _MAX_DRAW_CELLS = 2_000_000  # rows x resamples drawn at once: bounds memory on long tasks
 _SINGLE = "predictor"  # the method name rank_agreement uses for its one predictor
@@ -39,10 +40,15 @@ class Estimate(BaseModel):
 
 
 class PairedDifference(Estimate):
-    """mean(a - b) over the rows of one cell; `excludes_zero` when the interval lies on one side of 0."""
+    """mean(a - b) over the rows of one cell; `excludes_zero` when the interval lies on one side
+    of 0; the two-sided bootstrap p-value against 0, and what the rows' spread can detect (see
+    `paired_power`)."""
 
     excludes_zero: bool
     n: int
+    p_value: float | None = None
+    detectable: float | None = None  # the smallest difference detected with POWER at these rows
+    rows_needed: int | None = None  # rows that would detect the observed difference with POWER
 
 
 class RankAgreement(BaseModel):
@@ -94,7 +100,49 @@ def paired_difference(a, b, *, n_resamples: int = 2000, seed: int = 0) -> Paired
     (boot,) = _resampled_means([diff[None, :]], n_resamples, np.random.default_rng(seed))
     estimate = _estimate(value, boot[0])
     excludes_zero = estimate.ci_low is not None and (estimate.ci_low > 0 or estimate.ci_high < 0)
-    return PairedDifference(**estimate.model_dump(), excludes_zero=excludes_zero, n=diff.size)
+    detectable, rows_needed = paired_power(diff)
+    return PairedDifference(**estimate.model_dump(), excludes_zero=excludes_zero, n=diff.size, p_value=bootstrap_p_value(_round(boot[0])),
+                            detectable=detectable, rows_needed=rows_needed)
+
+
+def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
+    """Two-sided percentile-bootstrap p-value of `null`: twice the smaller share of resamples on
+    either side of it (each share counted as (k + 1) / (B + 1), so never 0), at most 1. It is
+    below 1 - CONFIDENCE exactly when the percentile interval excludes `null`, up to ties."""
+    below, above = np.sum(resampled <= null), np.sum(resampled >= null)
+    return float(min(1.0, 2 * (min(below, above) + 1) / (resampled.size + 1)))
+
+
+def paired_power(diff: np.ndarray, *, power: float = POWER) -> tuple[float | None, int | None]:
+    """What paired rows with these per-row differences can detect, by the normal approximation
+    of a two-sided test at 1 - CONFIDENCE: the minimum detectable difference at these rows,
+    (z_alpha/2 + z_power) x sd / sqrt(n), and the rows that would detect the observed mean
+    difference with `power`, ((z_alpha/2 + z_power) x sd / mean)^2 rounded up. None where the
+    differences do not vary (or, for the rows, where the mean difference is 0)."""
+    from scipy.stats import norm
+
+    diff = np.asarray(diff, dtype=float)
+    if diff.size < 2:
+        return None, None
+    sd = float(diff.std(ddof=1))
+    if sd == 0:
+        return None, None
+    z = float(norm.ppf(1 - (1 - CONFIDENCE) / 2) + norm.ppf(power))
+    mean = float(diff.mean())
+    needed = int(np.ceil((z * sd / abs(mean)) ** 2)) if mean != 0 else None
+    return z * sd / np.sqrt(diff.size), needed
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (None: not in the family): the i-th
+    smallest of m is multiplied by m - i + 1, then kept at least as large as those before it."""
+    family = sorted((p, k) for k, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for i, (p, k) in enumerate(family):
+        running = max(running, min(1.0, (len(family) - i) * p))
+        adjusted[k] = running
+    return adjusted
 
 
 def rank_agreement(

@@ -25,6 +25,9 @@ from softeval.scoring import (
     COLLAPSE_MIN_ANSWERS,
     COLLAPSE_SHARE,
     CUT_SHARE,
+    GOLD_MEANINGS,
+    GOLD_METRICS,
+    LOWER_IS_BETTER,
     MEANINGS,
     METRICS,
     EvalResult,
@@ -38,6 +41,43 @@ SHORT = {
     "lenient_accuracy": "lenient acc",
     "knowledge": "knowledge",
 }
+
+
+GOLD_SHORT = {
+    "gold_logprob": "gold log-prob",
+    "gold_bpb": "gold bpb (lower better)",
+    "gold_prob": "gold prob",
+    "prompt_knowledge": "knowledge in prompt",
+    "cloze_gold_prob": "cloze gold prob",
+    "cloze_gold_bpb": "cloze bpb (lower better)",
+}
+
+
+def gold_columns(results: list[EvalResult]) -> list[str]:
+    """The continuous metrics (see `scoring.likelihood`) any of the cells holds, in their order."""
+    return [name for name in GOLD_METRICS if any(name in r.metrics for r in results)]
+
+
+def gold_value(name: str, m: Metric | None) -> tuple[str, str]:
+    """A continuous metric as (value, interval) text: probabilities and shares in %, bits per byte
+    and log-probabilities as they are."""
+    if m is None or m.value is None:
+        return "n/a", ""
+    scale, form = (1, "{:.3f}") if name in LOWER_IS_BETTER else (1, "{:.2f}") if name == "gold_logprob" else (100, "{:.1f}")
+    ci = f"{form.format(scale * m.ci_low)}-{form.format(scale * m.ci_high)}" if m.ci_low is not None and m.ci_high is not None else ""
+    return form.format(scale * m.value), ci
+
+
+def gold_table(results: list[EvalResult]) -> list[str]:
+    """Markdown lines: each cell's continuous metrics with their intervals, where any cell has them."""
+    names = gold_columns(results)
+    if not names:
+        return []
+    lines = ["| model | method | " + " | ".join(GOLD_SHORT[n] for n in names) + " |", "|" + "---|" * (len(names) + 2)]
+    for r in results:
+        shown = [gold_value(n, r.metrics.get(n)) for n in names]
+        lines.append("| " + " | ".join([model_name(r.config["model"]), cell_label(r.config), *(v + (f" [{ci}]" if ci else "") for v, ci in shown)]) + " |")
+    return lines
 
 
 def format_metric(m: Metric) -> str:
@@ -169,6 +209,11 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         "",
         *(f"* `{metric}`: {MEANINGS[metric]}" for metric in METRICS),
         "",
+        "The likelihood of the gold answer, under each cell's own conditioning (soft prompt,",
+        "demonstrations or chat template); probabilities in %, bits per byte lower is better:",
+        "",
+        *(f"* `{metric}`: {GOLD_MEANINGS[metric]}" for metric in GOLD_METRICS),
+        "",
     ]
     for task in dict.fromkeys(r.config["task"] for r in results):
         in_task = [r for r in results if r.config["task"] == task]
@@ -176,6 +221,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
         for r, row in zip(in_task, rows(in_task)):
             lines.append("| " + " | ".join([row[0], *row[2:-1], cost(r), row[-1]]) + " |")
         lines += ["", *diagnostics_table(in_task), ""]
+        gold = gold_table(in_task)
+        if gold:
+            lines += [f"#### {task}: likelihood of the gold answer", "", *gold, ""]
         paired = comparisons_table(comparisons, task)
         if paired:
             lines += [f"#### {task}: paired differences", "", *paired, ""]

@@ -33,6 +33,16 @@ METRIC_FILTERS = {
     "conditional_accuracy": "strict",
     "lenient_accuracy": "lenient",
 }
+# the continuous metrics under lm-eval's names where it has one (`bits_per_byte`; `acc`: the option
+# of highest summed log-likelihood), and the context they were scored in
+GOLD_KEYS = {
+    "gold_logprob": "gold_logprob,prompt",
+    "gold_bpb": "bits_per_byte,prompt",
+    "gold_prob": "gold_prob,prompt",
+    "prompt_knowledge": "acc,prompt",
+    "cloze_gold_prob": "gold_prob,cloze",
+    "cloze_gold_bpb": "bits_per_byte,cloze",
+}
 KNOWLEDGE_SCORING = {
     "acc_norm": {"scoring": "option_loglikelihood", "normalization": "characters"},
     "acc": {"scoring": "option_loglikelihood", "normalization": "none"},
@@ -83,6 +93,11 @@ class Cell:
         created = self.result.created
         when = datetime.fromisoformat(created) if created else datetime.now(UTC)
         return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+
+    @property
+    def gold_metrics(self) -> list[str]:
+        """The continuous metrics the cell holds with a value (see `scoring.likelihood`)."""
+        return [m for m in GOLD_KEYS if m in self.result.metrics and self.result.metrics[m].value is not None]
 
     def filter_of(self, metric: str) -> str:
         return self.knowledge if metric == "knowledge" else METRIC_FILTERS[metric]

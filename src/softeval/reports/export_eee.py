@@ -16,6 +16,7 @@ from softeval.reports.export_cells import (
     BOOTSTRAP_RESAMPLES,
     CI_METHOD,
     CONFIDENCE_LEVEL,
+    GOLD_KEYS,
     KNOWLEDGE_SCORING,
     METRIC_FILTERS,
     Cell,
@@ -25,7 +26,7 @@ from softeval.reports.export_cells import (
     sha256_text,
     strings,
 )
-from softeval.scoring import MEANINGS, METRICS
+from softeval.scoring import GOLD_MEANINGS, GOLD_METRICS, LOWER_IS_BETTER, MEANINGS, METRICS
 
 EEE_SCHEMA_VERSION = "0.3.0"
 
@@ -96,7 +97,8 @@ def eee_log(cell: Cell, evaluation_id: str, retrieved: str) -> dict:
             }),
         },
         "model_info": eee_model_info(cell),
-        "evaluation_results": [eee_result(cell, metric) for metric in METRICS if metric not in undefined],
+        "evaluation_results": [eee_result(cell, metric) for metric in METRICS if metric not in undefined]
+        + [eee_gold_result(cell, metric) for metric in cell.gold_metrics],
     }
 
 
@@ -164,6 +166,33 @@ def eee_result(cell: Cell, metric: str) -> dict:
     }
 
 
+def eee_gold_result(cell: Cell, metric: str) -> dict:
+    """A continuous metric (the gold answer's likelihood) as an evaluation result: a mean over
+    rows with its bootstrap interval; each row's value is in its instance's metadata."""
+    result = eee_result(cell, "task_accuracy")  # the shared parts: source data, generation, uncertainty's shape
+    value = cell.result.metrics[metric]
+    uncertainty = {"num_samples": len(cell.result.samples), "num_bootstrap_samples": BOOTSTRAP_RESAMPLES}
+    if value.ci_low is not None and value.ci_high is not None:
+        uncertainty["confidence_interval"] = {"lower": value.ci_low, "upper": value.ci_high, "confidence_level": CONFIDENCE_LEVEL, "method": CI_METHOD}
+    bounded = metric in ("gold_prob", "cloze_gold_prob", "prompt_knowledge")
+    result["evaluation_result_id"] = metric
+    result["metric_config"] = {
+        "evaluation_description": GOLD_MEANINGS[metric],
+        "metric_id": f"softeval.{metric}",
+        "metric_name": metric,
+        "metric_kind": "accuracy" if metric == "prompt_knowledge" else "likelihood",
+        "metric_unit": "proportion" if bounded else "bits_per_byte" if metric in LOWER_IS_BETTER else "nats",
+        "metric_parameters": {"context": GOLD_KEYS[metric].split(",")[1], "aggregation": "mean over rows"},
+        "lower_is_better": metric in LOWER_IS_BETTER,
+        "score_type": "continuous",
+        "min_score": 0.0 if bounded or metric in LOWER_IS_BETTER else "-Infinity",
+        "max_score": 1.0 if bounded else "Infinity" if metric in LOWER_IS_BETTER else 0.0,
+        "additional_details": {"lm_eval_key": GOLD_KEYS[metric]},
+    }
+    result["score_details"] = result["score_details"] | {"score": value.value, "uncertainty": uncertainty}
+    return result
+
+
 def metric_parameters(cell: Cell, metric: str) -> dict:
     """What sets a metric apart from its neighbours: the parser it reads, or how knowledge was scored."""
     if metric == "knowledge":
@@ -207,6 +236,10 @@ def eee_instances(cell: Cell, evaluation_id: str) -> list[dict]:
             outcome = row_outcome(sample, metric)
             if outcome is not None:
                 rows.append(eee_instance(cell, evaluation_id, sample, metric, outcome))
+        for metric in cell.gold_metrics:  # the row's likelihood; whether its answer is correct stays the strict verdict
+            row = eee_instance(cell, evaluation_id, sample, metric, sample.task_correct)
+            row["evaluation"]["score"] = float(getattr(sample, GOLD_METRICS[metric]))
+            rows.append(row)
     return rows
 
 
@@ -238,7 +271,9 @@ def eee_instance(cell: Cell, evaluation_id: str, sample, metric: str, outcome: b
 def attribution(cell: Cell, sample, metric: str) -> dict:
     """The answer a metric judged: the strict or lenient parser's reading of the completion, or
     for knowledge of a multiple-choice task the option the log-likelihoods pick."""
-    if metric == "knowledge" and cell.knowledge != "lenient":
+    if metric in GOLD_METRICS:
+        value, method, source = sample.gold, f"teacher_forced_gold_likelihood:{GOLD_KEYS[metric].split(',')[1]}", "metadata"
+    elif metric == "knowledge" and cell.knowledge != "lenient":
         value, method, source = sample.knowledge_answer, f"option_loglikelihood:{cell.knowledge}", "metadata.option_loglikelihoods"
     elif metric in ("lenient_accuracy", "knowledge"):
         value, method, source = sample.lenient_answer, "softeval.lenient_parser", "output.raw"

@@ -14,6 +14,7 @@ from softeval.reports.export_cells import (
     BOOTSTRAP_RESAMPLES,
     CI_METHOD,
     CONFIDENCE_LEVEL,
+    GOLD_KEYS,
     Z_95,
     Cell,
     method_details,
@@ -21,7 +22,7 @@ from softeval.reports.export_cells import (
     sha256_text,
     stderr,
 )
-from softeval.scoring import METRICS
+from softeval.scoring import LOWER_IS_BETTER, METRICS
 
 
 def write_lm_eval(cells: list[Cell], output: Path) -> list[Path]:
@@ -65,7 +66,8 @@ def lm_eval_results(group: list[Cell], name: str, samples: dict[str, list[dict]]
         "configs": {c.task: lm_eval_task_config(c) for c in group},
         "versions": {c.task: (c.result.data.get("spec_sha256") or "")[:12] or None for c in group},
         "n-shot": {c.task: c.result.config.get("k", 0) for c in group},
-        "higher_is_better": {c.task: {m: True for m in METRICS} for c in group},
+        "higher_is_better": {c.task: {m: True for m in METRICS} | {GOLD_KEYS[m].split(",")[0]: m not in LOWER_IS_BETTER for m in c.gold_metrics}
+                             for c in group},
         "n-samples": {c.task: {"original": c.result.data.get("rows", len(c.result.samples)), "effective": len(c.result.samples)} for c in group},
         "config": {
             "model": "softeval",
@@ -109,6 +111,10 @@ def lm_eval_task_results(cell: Cell) -> dict:
         value, key = cell.result.metrics[metric], cell.filter_of(metric)
         entry[f"{metric},{key}"] = value.value
         entry[f"{metric}_stderr,{key}"] = stderr(value)
+    for metric in cell.gold_metrics:  # the gold answer's likelihood, by lm-eval's name where it has one
+        name, context = GOLD_KEYS[metric].split(",")
+        entry[GOLD_KEYS[metric]] = cell.result.metrics[metric].value
+        entry[f"{name}_stderr,{context}"] = stderr(cell.result.metrics[metric])
     return entry
 
 
@@ -123,7 +129,8 @@ def lm_eval_task_config(cell: Cell) -> dict:
         "generation_kwargs": {"until": config.get("stop"), "max_gen_toks": config["max_new_tokens"], "do_sample": False, "temperature": 0.0},
         "num_fewshot": config.get("k", 0),
         # no aggregation named: the values are softeval's, not lm-eval's mean with its standard error
-        "metric_list": [{"metric": m, "higher_is_better": True} for m in METRICS],
+        "metric_list": [{"metric": m, "higher_is_better": True} for m in METRICS]
+        + [{"metric": GOLD_KEYS[m].split(",")[0], "higher_is_better": m not in LOWER_IS_BETTER} for m in cell.gold_metrics],
         "metadata": lm_eval_task_metadata(cell),
     }
 
@@ -151,7 +158,8 @@ def lm_eval_softeval_block(group: list[Cell]) -> dict:
         "ci_method": CI_METHOD,
         "num_bootstrap_samples": BOOTSTRAP_RESAMPLES,
         "intervals": {
-            c.task: {f"{m},{c.filter_of(m)}": c.result.metrics[m].model_dump() for m in METRICS} for c in group
+            c.task: {f"{m},{c.filter_of(m)}": c.result.metrics[m].model_dump() for m in METRICS}
+            | {GOLD_KEYS[m]: c.result.metrics[m].model_dump() for m in c.gold_metrics} for c in group
         },
         "flags": {c.task: c.flags for c in group},
         "series": group[0].checkpoint or None,  # a checkpoint's recipe, checkpoint, step and tokens

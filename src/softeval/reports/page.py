@@ -31,9 +31,9 @@ from softeval.analysis import (
     study_findings,
     tuned_agreement,
 )
-from softeval.reports.comparison import SHORT, cost
-from softeval.reports.findings import estimate_text, where
-from softeval.scoring import MEANINGS, METRICS, MODELS_FILE, EvalResult
+from softeval.reports.comparison import GOLD_SHORT, SHORT, cost, gold_columns, gold_value
+from softeval.reports.findings import estimate_text, holm_text, p_text, where
+from softeval.scoring import GOLD_MEANINGS, MEANINGS, METRICS, MODELS_FILE, EvalResult
 
 CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
 PAGE = "index.html"
@@ -81,7 +81,7 @@ def findings_view(findings: list[Finding]) -> list[dict]:
     """The findings as the page's first section shows them: claim, where, estimate, verdict."""
     return [
         {"claim": CLAIMS[f.claim], "where": where(f), "estimate": estimate_text(f), "verdict": f.verdict,
-         "css": f.verdict.replace(" ", "-"), "reason": f.reason, "statistic": f.statistic}
+         "css": f.verdict.replace(" ", "-"), "reason": f.reason, "statistic": f.statistic, "p": p_text(f.p_value), "holm": holm_text(f)}
         for f in findings
     ]
 
@@ -167,7 +167,14 @@ def task_overview(task: str, results: list[EvalResult]) -> dict:
             "flags": flagged[id(r)],
             "cost": cost(r),
         })
-    return {"name": task, "rows": rows, "chart": metric_chart(task, results, flagged)}
+    names = gold_columns(results)
+    gold = {
+        "names": [GOLD_SHORT[n] for n in names],
+        "meanings": [GOLD_MEANINGS[n] for n in names],
+        "rows": [{"model": cell_key(r)[0], "method": cell_label(r.config),
+                  "values": [dict(zip(("value", "ci"), gold_value(n, r.metrics.get(n)))) for n in names]} for r in results],
+    }
+    return {"name": task, "rows": rows, "gold": gold if names else None, "chart": metric_chart(task, results, flagged)}
 
 
 def _metric(m) -> dict:
@@ -298,9 +305,13 @@ def series_view(folder: Path) -> dict | None:
     accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
     from softeval.reports.series import (
         curves_figure,
+        PREDICTORS_TEXT,
         decision_rows,
+        difference_lines,
         format_gap_lines,
         noise_rows,
+        predictor_header,
+        predictor_rows,
         signal_text,
         target_text,
         truth_metrics,
@@ -316,6 +327,8 @@ def series_view(folder: Path) -> dict | None:
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
          "noise": noise_rows(analysis, found), "signal": signal_text(found), "format_gap": format_gap_lines(found),
          "chart": _svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
+         "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
+                        "differences": difference_lines(found)} if found.get("predictors") else None,
          "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None}
         for task, found in analysis["tasks"].items()
     ]

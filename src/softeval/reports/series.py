@@ -128,7 +128,46 @@ def truth_rows(found: dict) -> list[list[str]]:
 def truth_text(found: dict) -> str:
     truth = found["truth"]
     return (f"Kendall tau-b of the checkpoints' scores against their true knowledge (the share of test facts each knows in its "
-            f"pre-training format), over {truth['checkpoints']} checkpoints and {truth['rows']} rows, 95% row-bootstrap intervals:")
+            f"pre-training format), over {truth['checkpoints']} checkpoints and {truth['rows']} rows, 95% row-bootstrap intervals "
+            "(bits per byte negated, so a positive tau always means agreement):")
+
+
+PREDICTORS_TEXT = ("Every predictor, a method read through one metric, ordered by its mean decision accuracy over the budgets "
+                   "(95% intervals resample rows, one draw for every predictor, checkpoint and the target); bits per byte "
+                   "are lower-is-better and count negated. \"mean of last 3\" scores a checkpoint by the mean of the last 3 "
+                   "checkpoints up to it. Signal to noise as Heineman et al. define it: (max - min) of the final scores over "
+                   "their mean, over the mean relative spread (std / mean) of each recipe's last 3 checkpoints.")
+
+
+def predictor_header(found: dict) -> list[str]:
+    axis = found["axis"]
+    return ["predictor", *(_budget(b, axis) for b in found["predictors"]["budgets"]), "mean", "decides from", "signal to noise"]
+
+
+def predictor_rows(found: dict) -> list[list[str]]:
+    """Per predictor (best mean first): decision accuracy per budget, its mean, the earliest
+    decision and the signal-to-noise ratio."""
+    predictors, budgets = found["predictors"], found["predictors"]["budgets"]
+    rows = []
+    for name in predictors["ranked"]:
+        p = predictors["results"][name]
+        earliest = None if p["earliest"] is None else budgets[p["earliest"]]
+        snr = "n/a" if p["signal_to_noise"] is None else f"{p['signal_to_noise']:.2f}"
+        rows.append([name, *(_estimate(b) for b in p["decision_accuracy"]), _estimate(p["mean"]), _budget(earliest, found["axis"]), snr])
+    return rows
+
+
+def difference_lines(found: dict) -> list[str]:
+    """The soft prompt's task accuracy minus the best continuous proxy (and the best predictor),
+    in decision accuracy: the mean over budgets and each budget, with paired intervals."""
+    lines = []
+    for d in found["predictors"]["differences"]:
+        which = "the best continuous proxy" if d["best_continuous"] else "the best other predictor"
+        signed = lambda e: "n/a" if e["value"] is None else f"{e['value']:+.2f}" + (f" [{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]" if e["ci_low"] is not None else "")  # noqa: E731
+        verdict = "decides better" if d["excludes_zero"] and d["mean"]["value"] > 0 else "decides worse" if d["excludes_zero"] else "no difference shown"
+        lines.append(f"{d['first']} minus {d['second']} ({which}): mean decision accuracy {signed(d['mean'])}, {verdict}; "
+                     "per budget " + ", ".join(signed(e) for e in d["per_budget"]))
+    return lines
 
 
 def format_gap_lines(found: dict) -> list[str]:
@@ -154,6 +193,11 @@ def analysis_markdown(analysis: dict) -> str:
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", signal_text(found)]
+        if found.get("predictors"):
+            header = predictor_header(found)
+            lines += ["", PREDICTORS_TEXT, "", "| " + " | ".join(header) + " |", "|---|" + "---|" * (len(header) - 1)]
+            lines += ["| " + " | ".join(row) + " |" for row in predictor_rows(found)]
+            lines += [""] + [f"* {line}" for line in difference_lines(found)] if found["predictors"]["differences"] else []
         if found.get("truth"):
             metrics = truth_metrics(found)
             lines += ["", truth_text(found), "", "| method | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]

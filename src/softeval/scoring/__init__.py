@@ -6,6 +6,10 @@ and the loop that runs an engine over examples and judges its output.
 from softeval._lazy import lazy_exports
 
 EXPORTS = {
+    # likelihood
+    "GOLD_MEANINGS": "likelihood",
+    "GOLD_METRICS": "likelihood",
+    "LOWER_IS_BETTER": "likelihood",
     # metrics
     "COLLAPSE_MARGIN": "metrics",
     "COLLAPSE_MIN_ANSWERS": "metrics",

@@ -82,6 +82,14 @@ class Sample(Judgement):
     stop_reason: str
     gold: str
     choices: list[str] | None = None
+    # continuous values (see `likelihood`); None where the cell did not score them
+    gold_logprob: float | None = None
+    gold_bpb: float | None = None
+    gold_prob: float | None = None
+    prompt_knowledge_correct: bool | None = None
+    prompt_option_loglikelihoods: list[float | None] | None = None
+    cloze_gold_prob: float | None = None
+    cloze_gold_bpb: float | None = None
 
 
 class Diagnostics(BaseModel):
@@ -226,7 +234,7 @@ def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 100
             low = np.nanpercentile(result.bootstrap_distribution, 2.5, axis=-1, method="lower")
             high = np.nanpercentile(result.bootstrap_distribution, 97.5, axis=-1, method="higher")
     return {
-        name: Metric(value=_clean(v), ci_low=_clean(lo), ci_high=_clean(hi))
+        name: Metric(value=finite_rounded(v), ci_low=finite_rounded(lo), ci_high=finite_rounded(hi))
         for name, v, lo, hi in zip(METRICS, values, low, high)
     }
 
@@ -288,5 +296,5 @@ def _statistic(format_ok, task_correct, lenient_correct, knowledge_correct, axis
     return np.stack([ff, acc, conditional, lenient_correct.mean(axis), knowledge_correct.mean(axis)])
 
 
-def _clean(x) -> float | None:
+def finite_rounded(x) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), 6)

@@ -17,6 +17,7 @@ from pathlib import Path
 from softeval.engine import Engine, ReferenceEngine
 from softeval.formats import Example
 from softeval.progress import Bars
+from softeval.scoring.likelihood import gold_aggregate, gold_fields
 from softeval.scoring.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.tasks import PromptBuilder, TaskSpec
 
@@ -28,6 +29,7 @@ def scores(
     (with what the cell's samples cannot tell: that the model's chat template went unused, that
     what it evaluates was tuned on its rows)."""
     metrics = aggregate(samples, seed=seed)
+    metrics |= gold_aggregate(samples, seed=seed)
     answer_format = spec.format
     chance = sum(answer_format.chance(e) for e in examples) / len(examples) if answer_format.has_options else None
     diagnostics = diagnose(samples, metrics["task_accuracy"], chance, answer_last=answer_format.answer_last)
@@ -36,9 +38,12 @@ def scores(
 
 
 def run_examples(
-    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine | ReferenceEngine, bars: Bars, label: str
+    spec: TaskSpec, examples: list[Example], builder: PromptBuilder, engine: Engine | ReferenceEngine, bars: Bars, label: str,
+    *, gold: bool = True,
 ) -> tuple[list[Sample], dict[str, float]]:
-    """Generate and score every example; returns the sample records and the time each stage took."""
+    """Generate and score every example; returns the sample records and the time each stage took.
+    `gold`: also score the gold answer after each prompt (the continuous metrics, see
+    `likelihood`), one teacher-forced pass per row on the engine's option-scoring path."""
     tick = time.perf_counter()
     prompts = [builder.generation(ex) for ex in examples]
     requests = [builder.cloze_requests(ex) for ex in examples] if spec.is_multiple_choice else None
@@ -58,6 +63,7 @@ def run_examples(
             loglikelihoods.append([x for request in scores[start : start + len(per_example)] for x in request])
             start += len(per_example)
         timings["loglikelihood"] = time.perf_counter() - tick
+    answers = _gold_loglikelihoods(examples, prompts, builder, engine, bars, label, timings) if gold else [None] * len(examples)
 
     answer_format = spec.format
     samples = []
@@ -76,9 +82,24 @@ def run_examples(
             gold=example.answer,
             choices=example.choices,
             **judgement.model_dump(),
+            **gold_fields(example, *(answers[i] or (None, None)), loglikelihoods[i] if loglikelihoods else None,
+                          builder.cloze_texts(example) if loglikelihoods else None),
         )
         samples.append(sample)
     return samples, timings
+
+
+def _gold_loglikelihoods(examples: list[Example], prompts: list, builder: PromptBuilder, engine: Engine | ReferenceEngine,
+                         bars: Bars, label: str, timings: dict) -> list[tuple[list[float], list[str]] | None]:
+    """Per example, the log-likelihood of each answer text after its generation prompt with the
+    texts (see `PromptBuilder.answer_request`), or None where the answers cannot be scored."""
+    tick = time.perf_counter()
+    room = builder.lm.context_length - engine.n_soft
+    requests = [builder.answer_request(example, prompt, room) for example, prompt in zip(examples, prompts)]
+    asked = [r for r in requests if r is not None]
+    scores = iter(engine.loglikelihood([cloze for cloze, _ in asked], bars.row(f"{label}: score gold answers", len(asked))))
+    timings["gold"] = time.perf_counter() - tick
+    return [None if r is None else (next(scores), r[1]) for r in requests]
 
 
 def package_versions() -> dict:

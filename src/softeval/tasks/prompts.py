@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from softeval.errors import SoftevalError
 from softeval.formats import Example
@@ -49,6 +49,16 @@ def question_text(spec: TaskSpec, example: Example) -> str:
 def target_text(spec: TaskSpec, example: Example) -> str:
     """The gold answer in the strict format, as the model should write it after the cue."""
     return spec.render("target", example)
+
+
+def answer_texts(spec: TaskSpec, example: Example) -> list[str] | None:
+    """The answers a generation prompt is scored on, as the strict format writes them: the gold
+    target alone, or for multiple choice every option's target (gold at its own index). None
+    where the options' targets are all alike (a target that does not name its option)."""
+    if example.choices is None:
+        return [target_text(spec, example)]
+    texts = [target_text(spec, replace(example, answer=letter, answer_index=i)) for i, letter in enumerate(example.letters)]
+    return texts if len(set(texts)) > 1 else None
 
 
 def tuning_target(spec: TaskSpec, example: Example) -> str:
@@ -130,6 +140,30 @@ class PromptBuilder:
             keep = 1 if self.lm.bos_token_id is not None else 0
             context_ids = context_ids[:keep] + context_ids[keep + overflow :]
         return Cloze(context_ids, [o for _, o in pairs], truncated=overflow > 0, n_demos=n)
+
+    def cloze_texts(self, example: Example) -> list[str]:
+        """The text each option's cloze log-likelihood scored (its bytes count for bits per byte)."""
+        delimiter = "" if self.chat else " "
+        if example.cloze_contexts is not None:
+            return [delimiter + (example.cloze_continuation or "").strip()] * len(example.cloze_contexts)
+        return [delimiter + text for text in example.choices or []]
+
+    # --- the answer after the generation prompt (gold likelihood) ------------------------------
+
+    def answer_request(self, example: Example, prompt: Prompt, room: int) -> tuple[Cloze, list[str]] | None:
+        """The generation prompt followed by each answer of `answer_texts`, encoded as the
+        tuning loss encodes its targets; `room`: the tokens prompt and answer may take (the
+        model's context less its soft prompt). None where the answers do not tell options apart."""
+        texts = answer_texts(self.spec, example)
+        if texts is None:
+            return None
+        answers = [self.lm.encode(text) for text in texts]
+        context = prompt.ids
+        overflow = len(context) + max(len(a) for a in answers) - room
+        if overflow > 0:  # keep BOS, drop the oldest prompt tokens, as the cloze requests do
+            keep = 1 if self.lm.bos_token_id is not None else 0
+            context = context[:keep] + context[keep + overflow :]
+        return Cloze(context, answers, truncated=overflow > 0 or prompt.truncated, n_demos=prompt.n_demos), texts
 
     # --- pieces --------------------------------------------------------------------------------
 

@@ -163,7 +163,7 @@ class Tuner:
         bars = bars or Bars(None)
         engine = start_engine(self.lm, soft_prompt=None if self.prompt is None else self.prompt.detach())
         with torch.no_grad():
-            samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate")
+            samples, _ = run_examples(self.spec, self.val, self.builder, engine, bars, "validate", gold=False)
             val_loss = float(self.loss(self.val[: 4 * self.config.batch_size]))
         metrics = aggregate(samples, n_resamples=200)
         # each validation row's outcomes, in the slice's fixed order: a step's metrics pair with

@@ -1,0 +1,156 @@
+"""Which predictor decides between pre-training recipes first: every (method, metric) pair
+compared on the same row draws.
+
+A predictor is a method (zero-shot, few-shot, soft prompt, LoRA) read through one metric: a 0/1
+outcome (task accuracy, knowledge in either context) or a continuous one (the gold answer's
+probability or bits per byte; see `scoring.likelihood`). Bits per byte are lower-is-better, so
+they are negated here: every predictor's higher score means the better recipe.
+
+For each predictor: decision accuracy at every budget (DataDecide's definition, see `series`),
+its mean over the budgets (how early and how well it decides, in one number), the earliest
+budget from which it stays at or above the threshold, and its signal-to-noise ratio (Heineman
+et al., arXiv 2508.13144: signal is the spread of the recipes' final scores, max - min, over
+their mean; noise the relative standard deviation, std / mean, of a recipe's last checkpoints,
+averaged over recipes). Each predictor also has its checkpoint-averaged variant, which scores a
+checkpoint by the mean of the last `AVERAGED` checkpoints up to it (the signal-to-noise paper's
+remedy for noisy checkpoints).
+
+One row draw per resample is shared by every predictor, every checkpoint and the target, so the
+difference in decision accuracy between two predictors has a paired interval: the rows' shared
+difficulty cancels, as it does in a paired difference of accuracies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from softeval.analysis.stats import CONFIDENCE, Estimate, bootstrap_p_value
+
+AVERAGED = 3  # the checkpoint-averaged variant: the mean of this many latest checkpoints
+_DECIMALS = 12  # scores equal up to float noise tie, as they do on paper
+
+
+def decision_accuracies(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Decision accuracy of (recipes, ...) scores against (recipes, ...) target values, along
+    the trailing axes at once: over pairs the target orders, 1 where the scores order them
+    alike, 0.5 where the scores tie, 0 otherwise; nan where the target ties every pair."""
+    scores, target = np.broadcast_arrays(np.round(scores, _DECIMALS), np.round(target, _DECIMALS))
+    i, j = np.triu_indices(scores.shape[0], k=1)
+    wanted, given = np.sign(target[i] - target[j]), np.sign(scores[i] - scores[j])
+    counted = wanted != 0
+    agree = np.where(given == 0, 0.5, (given == wanted).astype(float)) * counted
+    n = counted.sum(axis=0)
+    return np.divide(agree.sum(axis=0), n, out=np.full(n.shape, np.nan), where=n > 0)
+
+
+def averaged(table: np.ndarray, n: int = AVERAGED) -> np.ndarray:
+    """A (checkpoints, rows) table with each checkpoint replaced by the mean of the last `n`
+    checkpoints up to it (fewer at the start of the series)."""
+    sums = np.cumsum(table, axis=0)
+    lagged = np.vstack([np.zeros((n, table.shape[1])), sums])[: len(table)]
+    counts = np.minimum(np.arange(1, len(table) + 1), n)[:, None]
+    return (sums - lagged) / counts
+
+
+def signal_to_noise(series_scores: Sequence[np.ndarray], last: int = AVERAGED) -> float | None:
+    """Heineman et al.'s ratio over recipes' score curves (each in checkpoint order): signal is
+    (max - min) of the final scores over their mean, noise the mean over recipes of std / mean of
+    the last `last` scores. None where the mean is 0 or no recipe's last scores vary."""
+    finals = np.array([s[-1] for s in series_scores], dtype=float)
+    tails = [np.asarray(s[-last:], dtype=float) for s in series_scores]
+    if len(finals) < 2 or any(len(t) < 2 for t in tails) or finals.mean() == 0:
+        return None
+    relative = [t.std(ddof=1) / abs(t.mean()) for t in tails if t.mean() != 0]
+    noise = float(np.mean(relative)) if relative else 0.0
+    if noise == 0:
+        return None
+    return float((finals.max() - finals.min()) / abs(finals.mean()) / noise)
+
+
+def compare_decisions(
+    predictors: Mapping[str, Sequence[np.ndarray]], checkpoints: Sequence[list[int]], target: np.ndarray, *, threshold: float,
+    n_resamples: int = 1000, seed: int = 0,
+) -> dict:
+    """Every predictor's decision accuracy per budget with intervals, its mean over budgets, its
+    earliest decision and signal-to-noise ratio, for it and its checkpoint-averaged variant.
+
+    `predictors[name][r]` is recipe r's (checkpoints, rows) table, oriented so higher is better;
+    `checkpoints[b][r]` recipe r's latest checkpoint within budget b; `target` (recipes, rows)."""
+    rng = np.random.default_rng(seed)
+    n_rows = target.shape[1]
+    draws = rng.integers(0, n_rows, size=(n_resamples, n_rows))
+    # each draw as how often it takes each row: a resample's means are then one matrix product
+    counts = np.bincount((draws + n_rows * np.arange(n_resamples)[:, None]).ravel(), minlength=n_resamples * n_rows)
+    weights = counts.reshape(n_resamples, n_rows).T / n_rows  # (rows, resamples)
+    target_point, target_boot = target.mean(axis=1), target @ weights
+    found, boots = {}, {}
+    for name, tables in predictors.items():
+        for variant, shown in ((tables, name), ([averaged(t) for t in tables], f"{name} (mean of last {AVERAGED})")):
+            point, boot = _per_budget(variant, checkpoints, weights)
+            values = decision_accuracies(point, target_point[:, None])  # (budgets,)
+            resampled = decision_accuracies(boot, target_boot[:, None, :])  # (budgets, resamples)
+            boots[shown] = resampled
+            found[shown] = {
+                "decision_accuracy": [_estimate(v, r) for v, r in zip(values, resampled)],
+                "mean": _estimate(np.nanmean(values) if np.isfinite(values).any() else np.nan, _nanmean(resampled)),
+                "earliest": _earliest(values, threshold),
+                "signal_to_noise": signal_to_noise([t.mean(axis=1) for t in variant]),
+            }
+    return {"predictors": found, "boots": boots}
+
+
+def decision_difference(compared: dict, first: str, second: str) -> dict:
+    """first - second in decision accuracy, per budget and in the mean over budgets, with paired
+    intervals (the same row draws for both)."""
+    a, b = compared["predictors"][first], compared["predictors"][second]
+    boot_a, boot_b = compared["boots"][first], compared["boots"][second]
+    per_budget = [_estimate(_minus(x["value"], y["value"]), ra - rb) for x, y, ra, rb in
+                  zip(a["decision_accuracy"], b["decision_accuracy"], boot_a, boot_b)]
+    resampled = _nanmean(boot_a) - _nanmean(boot_b)
+    mean = _estimate(_minus(a["mean"]["value"], b["mean"]["value"]), resampled)
+    excludes = mean["ci_low"] is not None and (mean["ci_low"] > 0 or mean["ci_high"] < 0)
+    defined = np.round(resampled[np.isfinite(resampled)], _DECIMALS)
+    p_value = bootstrap_p_value(defined) if mean["value"] is not None and defined.size else None
+    return {"first": first, "second": second, "per_budget": per_budget, "mean": mean, "excludes_zero": excludes, "p_value": p_value}
+
+
+def _per_budget(tables: Sequence[np.ndarray], checkpoints: Sequence[list[int]], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each recipe's score at each budget, (recipes, budgets), and under each row draw,
+    (recipes, budgets, resamples); `weights` (rows, resamples) is each draw's row counts / rows."""
+    chosen = np.stack([np.stack([tables[r][k] for r, k in enumerate(latest)]) for latest in checkpoints], axis=1)  # (recipes, budgets, rows)
+    return chosen.mean(axis=2), chosen @ weights
+
+
+def _nanmean(resampled: np.ndarray) -> np.ndarray:
+    """The mean over budgets (axis 0) of each resample, where some budget is defined."""
+    defined = np.isfinite(resampled)
+    total = np.where(defined, resampled, 0.0).sum(axis=0)
+    n = defined.sum(axis=0)
+    return np.divide(total, n, out=np.full(n.shape, np.nan), where=n > 0)
+
+
+def _earliest(values: np.ndarray, threshold: float) -> int | None:
+    """The index of the first budget from which decision accuracy stays at or above threshold."""
+    earliest = None
+    for k in range(len(values) - 1, -1, -1):
+        if not np.isfinite(values[k]) or values[k] < threshold:
+            break
+        earliest = k
+    return earliest
+
+
+def _minus(a: float | None, b: float | None) -> float:
+    return np.nan if a is None or b is None else a - b
+
+
+def _estimate(value: float, resampled: np.ndarray) -> dict:
+    """A value and its percentile interval over the defined resamples (bounds a resample had)."""
+    defined = resampled[np.isfinite(resampled)]
+    if not np.isfinite(value):
+        return Estimate(value=None, ci_low=None, ci_high=None).model_dump()
+    if not defined.size:
+        return Estimate(value=float(value), ci_low=None, ci_high=None).model_dump()
+    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
+    return Estimate(value=round(float(value), _DECIMALS), ci_low=round(float(low), _DECIMALS), ci_high=round(float(high), _DECIMALS)).model_dump()
