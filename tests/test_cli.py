@@ -34,7 +34,9 @@ def test_eval_writes_results_and_samples(tmp_path, tiny_model_dirs):
         samples = [json.loads(l) for l in (folder / "samples.jsonl").read_text().splitlines()]
         assert results["n_examples"] == len(samples) == 6
         assert results["config"]["method"] == method and results["config"]["k"] == (2 if method == "few-shot" else 0)
-        assert set(results["metrics"]) == {"format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge"}
+        assert set(results["metrics"]) == {"format_following", "task_accuracy", "conditional_accuracy", "lenient_accuracy", "knowledge",
+                                           # the gold answer's likelihood, in the prompt's and (multiple choice) the cloze context
+                                           "gold_logprob", "gold_bpb", "gold_prob", "prompt_knowledge", "cloze_gold_prob", "cloze_gold_bpb"}
         assert results["data"]["sha256"] and results["versions"]["transformers"]
         for s in samples:
             assert {"prompt", "raw_completion", "completion", "strict_answer", "strict_failure", "lenient_answer",
