@@ -40,4 +40,4 @@ def test_every_registry_task_builds_or_is_refused_in_one_line(caplog):
         else:
             outcomes["builds"] += 1
     assert len(names) > 10_000
-    assert outcomes["builds"] / len(names) > 0.6, outcomes.most_common()
+    assert outcomes["builds"] / len(names) > 0.85, outcomes.most_common()  # 11,610 of 13,093 (docs/tasks.md)

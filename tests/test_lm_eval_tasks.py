@@ -178,7 +178,9 @@ def test_a_study_of_lm_eval_tasks_runs_offline_end_to_end(tmp_path, lm_eval_mirr
         ("lm-eval:squadv2", r"^lm-eval defines task 'squadv2' with code of its own \(a task class or a custom dataset\), which softeval cannot use$"),
         ("lm-eval:wikitext", r"^lm-eval task 'wikitext' is a loglikelihood_rolling task; softeval evaluates multiple-choice and generation tasks$"),
         ("lm-eval:arc_easy:number", r"^lm-eval task 'arc_easy' is multiple choice: answer it as multiple_choice or option_text, not 'number'$"),
-        ("lm-eval:babi", r"^lm-eval task 'babi' generates text; name its answer format: lm-eval:babi:FORMAT"),
+        ("lm-eval:wmt16-de-en", r"^lm-eval task 'wmt16-de-en' generates text and lm-eval scores it by bleu, which counts no answer right or wrong; "
+                                r"name an answer format to read it by: lm-eval:wmt16-de-en:FORMAT, FORMAT one of number, short_answer, math$"),
+        ("lm-eval:wmt16-de-en:lm_eval", r"^lm-eval task 'wmt16-de-en' is scored by bleu, not right or wrong: the lm_eval format reads tasks scored by "),
     ],
 )
 def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
@@ -211,3 +213,95 @@ def test_the_user_sees_one_line_for_a_group(monkeypatch, capsys, tmp_path, tiny_
     err = user_sees(monkeypatch, capsys, "eval", "--model", tiny_model_dirs["llama"], "--task", "lm-eval:mmlu", "--output", tmp_path / "out")
     assert err.startswith("error: lm-eval 'mmlu' names several tasks (a group); give them one by one (such as mmlu_")
     assert not (tmp_path / "out").exists()
+
+
+# --- lm-eval's own reading of a generated answer (the lm_eval format) -----------------------------
+
+DATE_ROWS = [{"input": f"Today is 12/{10 + i}/2020. What is the date tomorrow in MM/DD/YYYY?\nOptions:\n(A) 12/{11 + i}/2020\n(B) 01/01/1999",
+              "target": "(A)"} for i in range(6)]
+DROP_ROWS = [{"section_id": f"s{i}", "query_id": f"q{i}", "passage": f"The team scored {i + 3} goals in the first half and 2 in the second.",
+              "question": "How many goals were scored in the first half?",
+              "answer": {"number": str(i + 3), "date": {"day": "", "month": "", "year": ""}, "spans": []},
+              "validated_answers": {"number": [str(i + 3)], "date": [{"day": "", "month": "", "year": ""}], "spans": [[]]}} for i in range(6)]
+# per task: the mirror folder, its rows, lm-eval's metric key (metric, strict filter), and completions of every kind
+PARITY = {
+    "gsm8k_cot": ("openai/gsm8k/main", None, ("exact_match", "strict-match"),
+                  lambda gold: [f"So 3 + 4 = 7. The answer is {gold}.", f"The answer is ${gold}.", f"The answer is {gold}", "The answer is 123456.",
+                                f"the answer is {gold}.", f"#### {gold}", "", f"The answer is {gold},000."]),
+    "bbh_cot_fewshot_date_understanding": ("SaylorTwift/bbh/date_understanding", DATE_ROWS, ("exact_match", "get-answer"),
+                                           lambda gold: [f"Tomorrow comes next. So the answer is {gold}.", f"So the answer is {gold}", "So the answer is (B).",
+                                                         f"The answer is {gold}.", f"so the answer is {gold.lower()}.", gold, ""]),
+    "drop": ("EleutherAI/drop/default", DROP_ROWS, ("em", "none"),
+             lambda gold: [gold, f" {gold}", f"{gold} goals", "two", f"The answer is {gold}", ""]),
+}
+
+
+@pytest.fixture(scope="module")
+def parity_mirror(tmp_path_factory, mirror) -> Path:
+    root = tmp_path_factory.mktemp("lm-eval-parity")
+    for folder, rows, _, _ in PARITY.values():
+        (root / folder).mkdir(parents=True)
+        for split in ("train", "validation", "test"):
+            lines = [json.dumps(r) for r in rows] if rows else (mirror / folder / f"{split}.jsonl").read_text().splitlines()[:8] \
+                if (mirror / folder / f"{split}.jsonl").is_file() else []
+            if lines:
+                (root / folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(PARITY))
+def test_lm_eval_format_scores_each_completion_as_lm_evals_own_strict_metric(name, parity_mirror):
+    """The same completions, row by row: softeval's task accuracy and format-following under the
+    lm_eval format (chosen without being named) equal lm-eval's strict metric, computed here by
+    lm-eval's own task object: its filter ensembles on its Instances, then its process_results."""
+    from lm_eval.api.instance import Instance
+
+    from softeval.scoring import score_sample
+    from softeval.tasks import load_examples, load_task
+    from softeval.tasks.lm_eval import _TASKS
+    from softeval.tasks.prompts import target_text
+
+    _, _, (metric, strict), completions = PARITY[name]
+    spec = load_task(f"lm-eval:{name}")
+    assert spec.answer_format == "lm_eval" and spec.name == f"lm-eval-{name}"
+    examples = load_examples(spec, spec.dataset.eval_split, parity_mirror)
+    task = _TASKS[name]
+    compared = 0
+    for example in examples:
+        doc = {k: v for k, v in example.row.items() if not k.startswith("lm_eval_")}
+        # the tuning target is read back as right by lm-eval's own strict filter: a prompt tuned on it learns the format
+        for completion in [*completions(example.answer), target_text(spec, example).strip()]:
+            instance = Instance(request_type="generate_until", doc=doc, arguments=("", {}), idx=0)
+            instance.resps = [completion]
+            for ensemble in task._filters:
+                ensemble.apply([instance])
+            extracted = instance.filtered_resps[strict]
+            theirs = task.process_results(doc, [extracted])[metric]
+            ours = score_sample(spec.format, example, completion, None)
+            assert ours.task_correct == (theirs == 1.0), (name, completion, extracted, ours.strict_answer)
+            assert ours.format_ok == (extracted.strip() not in ("[invalid]", "")), (name, completion, extracted)  # an empty answer is none
+            compared += 1
+        assert score_sample(spec.format, example, target_text(spec, example).strip(), None).task_correct
+    assert compared >= 6 * 5
+    # every kind of completion occurs: right, wrong and unreadable
+    judged = [score_sample(spec.format, e, c, None) for e in examples for c in completions(e.answer)]
+    assert any(j.task_correct for j in judged) and any(j.format_ok and not j.task_correct for j in judged) and any(not j.format_ok for j in judged)
+
+
+def test_a_chain_of_thought_task_runs_without_a_named_format(tmp_path, parity_mirror, tokenizer_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import tiny_config
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
+    config = tiny_config("llama", len(tokenizer), tokenizer)
+    config.max_position_embeddings = 1024  # lm-eval keeps 256 tokens free for the reasoning
+    model = tmp_path / "tiny-long"
+    AutoModelForCausalLM.from_config(config).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "--model", str(model), "--task", "lm-eval:gsm8k_cot", "--method", "zero-shot", "--limit", "3",
+                                      "--data-dir", str(parity_mirror), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "tiny-long" / "lm-eval-gsm8k_cot" / "zero-shot" / "results.json").read_text())
+    assert saved["n_examples"] == 3 and saved["metrics"]["task_accuracy"]["value"] is not None

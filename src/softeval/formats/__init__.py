@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from softeval.errors import SoftevalError
 from softeval.formats.base import LETTERS, AnswerFormat, ClozeNormalization, Example, Normalization, Reading, Status, first_line
+from softeval.formats.lm_eval import LmEval
 from softeval.formats.math import Math, last_boxed
 from softeval.formats.multiple_choice import MultipleChoice
 from softeval.formats.number import Number, canonical_number
@@ -18,13 +19,13 @@ from softeval.formats.option_text import OptionText
 from softeval.formats.short_answer import ShortAnswer, normalize
 
 __all__ = [
-    "AnswerFormat", "ClozeNormalization", "Example", "FORMATS", "LETTERS", "Math", "MultipleChoice", "Normalization", "Number",
+    "AnswerFormat", "ClozeNormalization", "Example", "FORMATS", "LETTERS", "LmEval", "Math", "MultipleChoice", "Normalization", "Number",
     "OptionText", "Reading", "ShortAnswer", "Status", "answer_format", "canonical_number", "first_line", "last_boxed", "normalize",
 ]
 
 # --- the registry ------------------------------------------------------------------------------------
 
-FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, OptionText, Number, Math, ShortAnswer)}
+FORMATS: dict[str, type[AnswerFormat]] = {f.name: f for f in (MultipleChoice, OptionText, Number, Math, ShortAnswer, LmEval)}
 
 
 def answer_format(

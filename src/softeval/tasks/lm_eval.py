@@ -13,7 +13,11 @@ keeps what lm-eval computes for each row beside the row (`lm_eval_text`, `lm_eva
   its `doc_to_text` as the context and its options as continuations, per character where lm-eval
   reports `acc_norm` (so knowledge is lm-eval's acc_norm), summed where it reports only `acc`;
 * a `generate_until` task takes its prompt and stop strings from lm-eval, and an answer format
-  from the name (`lm-eval:NAME:number`), known for the common ones (GSM8K, TriviaQA, NQ-open, MATH).
+  from the name (`lm-eval:NAME:number`), known for the common ones (GSM8K, TriviaQA, NQ-open, MATH);
+  any other is read as lm-eval reads it (the `lm_eval` format): the strict answer is what its
+  first (or `strict`-named) filter pipeline extracts, the lenient one what its flexible one
+  extracts, and an answer is right where lm-eval's own `process_results` scores it so by its first
+  metric (exact match with the options it configures, or a task's own scoring, such as DROP's).
 
 lm-eval is an optional dependency: `pip install 'softeval[lm-eval]'`.
 """
@@ -32,8 +36,9 @@ from softeval.formats import LETTERS
 PREFIX = "lm-eval:"
 # generation tasks whose answer format is known: by name, or by the start of the name
 KNOWN_FORMATS = {"gsm8k": "number", "triviaqa": "short_answer", "nq_open": "short_answer", "hendrycks_math": "math", "minerva_math": "math"}
+MATH_FAMILIES = ("hendrycks_math", "minerva_math")
 CHOICE_FORMATS = ("multiple_choice", "option_text")
-GENERATION_FORMATS = ("number", "short_answer", "math")
+GENERATION_FORMATS = ("number", "short_answer", "math", "lm_eval")
 # a prompt's last line that cues the answer ("Answer:"): the options are shown above it
 CUE = re.compile(r"\n([^\n]{1,30}:)[ \t]*$")
 
@@ -52,14 +57,19 @@ def lm_eval_spec(name: str) -> dict:
         if answer_format not in CHOICE_FORMATS:
             raise SoftevalError(f"lm-eval task '{task_name}' is multiple choice: answer it as {' or '.join(CHOICE_FORMATS)}, not '{answer_format}'")
     elif output_type == "generate_until":
-        answer_format = answer_format or _known_format(task_name)
+        answer_format = answer_format or _default_format(task_name, config)
         if answer_format not in GENERATION_FORMATS:
-            raise SoftevalError(f"lm-eval task '{task_name}' generates text; name its answer format: lm-eval:{task_name}:FORMAT, "
-                                f"FORMAT one of {', '.join(GENERATION_FORMATS)}")
+            metric = _first_metric(config)
+            scored = f"lm-eval scores it by {metric}, which counts no answer right or wrong" if metric else "lm-eval names no metric for it"
+            raise SoftevalError(f"lm-eval task '{task_name}' generates text and {scored}; name an answer format to read it by: "
+                                f"lm-eval:{task_name}:FORMAT, FORMAT one of {', '.join(f for f in GENERATION_FORMATS if f != 'lm_eval')}")
+        if answer_format == "lm_eval" and not _scored_by_lm_eval(config):
+            raise SoftevalError(f"lm-eval task '{task_name}' is scored by {_first_metric(config) or 'no metric'}, not right or wrong: the lm_eval "
+                                f"format reads tasks scored by {', '.join(RIGHT_OR_WRONG)}; name another format")
     else:
         raise SoftevalError(f"lm-eval task '{task_name}' is a {output_type} task; softeval evaluates multiple-choice and generation tasks")
     spec = {
-        "name": _spec_name(task_name, answer_format),
+        "name": _spec_name(task_name, answer_format, config),
         "description": f"lm-evaluation-harness task {task_name}, answered as {answer_format}",
         "dataset": _dataset(task_name, config),
         "answer_format": answer_format,
@@ -98,28 +108,40 @@ def _choice_spec(config: dict, answer_format: str) -> dict:
 def _generation_spec(config: dict, answer_format: str) -> dict:
     generation = config.get("generation_kwargs") or {}
     until = generation.get("until") or ["\n\n"]
-    fields = {"question": "lm_eval_text", "answer": "lm_eval_answer"}
+    fields = {"question": "lm_eval_text", "answer": "lm_eval_right_answer" if answer_format == "lm_eval" else "lm_eval_answer"}
     fields |= {"aliases": "lm_eval_aliases"} if answer_format == "short_answer" else {"solution": "lm_eval_target"}
+    target = {"math": "\\boxed{{ '{' }}{{ lm_eval_answer }}{{ '}' }}", "lm_eval": "{{ lm_eval_strict_target }}"}.get(answer_format, "{{ lm_eval_target }}")
     return {
         "fields": fields,
         "instruction": (config.get("description") or "").strip(),
         "template": "{{ lm_eval_text }}",
-        # a MATH answer is read from \\boxed{}: the target writes it so
-        "target": (config.get("target_delimiter", " ") or "")
-        + ("\\boxed{{ '{' }}{{ lm_eval_answer }}{{ '}' }}" if answer_format == "math" else "{{ lm_eval_target }}"),
+        # a MATH answer is read from \\boxed{}: the target writes it so; lm-eval's own reading,
+        # as its strict filter extracts it
+        "target": (config.get("target_delimiter", " ") or "") + target,
         "stop": [until] if isinstance(until, str) else list(until),
         "max_new_tokens": int(generation.get("max_gen_toks", 256)),
     }
 
 
-def _spec_name(task_name: str, answer_format: str) -> str:
+def _spec_name(task_name: str, answer_format: str, config: dict) -> str:
     """Where results are filed: lm-eval-NAME, and the answer format where it is not the task's own."""
-    usual = answer_format in ("multiple_choice", _known_format(task_name))
+    usual = answer_format in ("multiple_choice", _default_format(task_name, config))
     return f"lm-eval-{task_name}" if usual else f"lm-eval-{task_name}-{answer_format}"
 
 
+def _default_format(task_name: str, config: dict) -> str | None:
+    """A generation task's answer format where none is named: softeval's own where it is known
+    to fit, else lm-eval's reading where its configuration defines one."""
+    return _known_format(task_name) or ("lm_eval" if _scored_by_lm_eval(config) else None)
+
+
 def _known_format(task_name: str) -> str | None:
-    return next((fmt for known, fmt in KNOWN_FORMATS.items() if task_name == known or task_name.startswith(known + "_")), None)
+    """softeval's format of a task it knows: by its name, or for the MATH families (whose subject
+    tasks share one reading) by the start of its name. GSM8K's variants (`gsm8k_cot`) read their
+    answers otherwise than `#### N`, so they take lm-eval's own reading."""
+    if task_name in KNOWN_FORMATS:
+        return KNOWN_FORMATS[task_name]
+    return next((fmt for family, fmt in KNOWN_FORMATS.items() if family in MATH_FAMILIES and task_name.startswith(family + "_")), None)
 
 
 def _dataset(task_name: str, config: dict) -> dict:
@@ -233,6 +255,7 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
     lm_eval_log.setLevel(logging.ERROR)  # its note on custom datasets is addressed to its own command line
     try:
         task = ConfigurableTask(config=config)
+        _TASKS[task_name] = task  # the `lm_eval` format scores answers by it
         process = task.config.process_docs
         docs = list(process(table) if process is not None else table)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
@@ -256,7 +279,9 @@ def _computed(task, doc: dict) -> dict:
     if task.config.output_type != "multiple_choice":
         targets = target if isinstance(target, list) else [target]
         targets = [str(t).strip() for t in targets]
-        return {"lm_eval_text": text, "lm_eval_target": targets[0], "lm_eval_answer": _final_answer(targets[0]), "lm_eval_aliases": targets}
+        written, right = strict_target(task.config.task, doc, targets[0])
+        return {"lm_eval_text": text, "lm_eval_target": targets[0], "lm_eval_answer": _final_answer(targets[0]), "lm_eval_aliases": targets,
+                "lm_eval_task": task.config.task, "lm_eval_strict_target": written, "lm_eval_right_answer": right}
     choices = [str(c) for c in task.doc_to_choice(doc)]
     if isinstance(text, int):
         return _partial(task, choices, gold=text, target=target)
@@ -287,3 +312,110 @@ def _partial(task, contexts: list[str], gold: int, target) -> dict:
 def _final_answer(target: str) -> str:
     """A worked solution's final answer (GSM8K's "#### 72"), else the target itself."""
     return target.split("####")[-1].strip().replace(",", "") if "####" in target else target
+
+
+# --- lm-eval's own reading of an answer (the `lm_eval` format) ---------------------------------------
+
+_TASKS: dict = {}  # lm-eval's task objects, by name, as `lm_eval_docs` last built them
+INVALID = "[invalid]"  # what lm-eval's regex filter gives where it finds no answer
+
+
+# lm-eval's metrics that score a row right or wrong (1 or 0): an answer is right where it scores 1
+RIGHT_OR_WRONG = ("exact_match", "em", "acc")
+
+
+def _scored_by_lm_eval(config: dict) -> bool:
+    """Whether lm-eval's configuration scores an answer right or wrong: its first metric is one
+    of RIGHT_OR_WRONG (a task scored by BLEU or ROUGE alone has no right answer to count)."""
+    return _first_metric(config) in RIGHT_OR_WRONG
+
+
+def _first_metric(config: dict) -> str | None:
+    """The name of the first metric of lm-eval's `metric_list` (a function's name where it names one)."""
+    listed = [m.get("metric") for m in config.get("metric_list") or [] if isinstance(m, dict)]
+    if not listed:
+        return None
+    first = listed[0]
+    return first if isinstance(first, str) else getattr(first, "__name__", None)
+
+
+@cache
+def _pipelines(task_name: str) -> tuple:
+    """(strict, flexible or None): lm-eval's filter pipelines of a task, built by lm-eval. Strict
+    is the one named `strict...`, else the first; flexible the one named `flex...`, else the
+    second. Without filters, lm-eval takes the completion as it is (its `take_first`)."""
+    from lm_eval.filters import build_filter_ensemble
+
+    listed = _config(task_name).get("filter_list") or [{"name": "none", "filter": [{"function": "take_first"}]}]
+    built = [build_filter_ensemble(f["name"], [(step["function"], {k: v for k, v in step.items() if k != "function"}) for step in f["filter"]])
+             for f in listed]
+    names = [f["name"].lower() for f in listed]
+    strict = next((b for b, n in zip(built, names) if n.startswith("strict")), built[0])
+    flexible = next((b for b, n in zip(built, names) if n.startswith("flex")), built[1] if len(built) > 1 else None)
+    return strict, flexible if flexible is not strict else None
+
+
+def lm_eval_extract(task_name: str, completion: str, doc: dict, *, flexible: bool = False) -> str | None:
+    """The answer lm-eval's strict (or flexible) filter pipeline reads in a completion; None where
+    it finds none (its regex filters' fallback, or nothing at all) or where the task has no
+    flexible pipeline."""
+    strict, loose = _pipelines(task_name)
+    pipeline = loose if flexible else strict
+    if pipeline is None:
+        return None
+    responses = [[completion]]
+    for make in pipeline.filters:
+        responses = list(make().apply(responses, [doc]))  # take_first gives a map
+    answer = responses[0]
+    while isinstance(answer, list | tuple):  # a pipeline without take_first keeps a list
+        answer = answer[0] if answer else None
+    # nothing extracted: the regex filters' fallback, or an empty completion taken as it is
+    return None if answer is None or str(answer) == INVALID or not str(answer).strip() else str(answer)
+
+
+def lm_eval_scores(task_name: str, answer: str, doc: dict) -> float:
+    """lm-eval's own score of an extracted answer, by its `process_results` and the first metric
+    of its `metric_list` (exact match with its options, or the task's own scoring)."""
+    task = _TASKS.get(task_name)
+    if task is None:
+        raise SoftevalError(f"lm-eval task {task_name} scores answers only after its rows are read; load the task's examples first")
+    config = _config(task_name)
+    metrics = [m["metric"] for m in config.get("metric_list") or [] if isinstance(m.get("metric"), str)]
+    scored = task.process_results(doc, [answer])
+    first = next((m for m in metrics if m in scored), next(iter(scored)))
+    return float(scored[first])
+
+
+def strict_target(task_name: str, doc: dict, target: str) -> tuple[str, str]:
+    """(written, answer): a right answer, and its text as lm-eval's strict filter reads it back as
+    right. The answer is lm-eval's target, else (where lm-eval's own scoring does not take its
+    target as right: DROP's joins the keys of its answer) the first text of the row it does; it
+    is written as it is, else in the phrasings chain-of-thought tasks end with ("The answer is
+    6."), the first that lm-eval's filter and scoring accept. The target itself where none does."""
+    if not _scored_by_lm_eval(_config(task_name)):
+        return target, target
+    for answer in dict.fromkeys([target, *_texts(doc)]):
+        for text in (answer, f"The answer is {answer}.", f"the answer is {answer}.", f"So the answer is {answer}.", f"#### {answer}"):
+            try:
+                read = lm_eval_extract(task_name, text, doc)
+                right = read is not None and lm_eval_scores(task_name, read, doc) == 1.0
+            except Exception:  # noqa: BLE001 - a task's own scoring may refuse a phrasing: try the next
+                right = False
+            if right:
+                return text, answer
+    return target, target
+
+
+def _texts(value, found: list | None = None, limit: int = 50) -> list[str]:
+    """The short texts a row holds, nested ones included, in order (at most `limit`)."""
+    found = [] if found is None else found
+    if isinstance(value, str):
+        if value.strip() and len(value) <= 200 and len(found) < limit:
+            found.append(value.strip())
+    elif isinstance(value, dict):
+        for item in value.values():
+            _texts(item, found, limit)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _texts(item, found, limit)
+    return found
