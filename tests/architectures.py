@@ -92,6 +92,14 @@ def _mamba(vocab, special):
     )
 
 
+def _recurrent_gemma(vocab, special):
+    return transformers.RecurrentGemmaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, lru_width=64, attention_window_size=WINDOW, block_types=["recurrent", "attention", "recurrent"],
+        initializer_range=INIT, **special,
+    )
+
+
 def _gemma_family(config_class: str, **extra):
     return _plain(config_class, head_dim=16, **extra)
 
@@ -145,6 +153,7 @@ ARCHITECTURES: dict[str, Callable[[int, dict], object]] = {
     "starcoder2": _plain("Starcoder2Config", sliding_window=WINDOW),
     "smollm3": _plain("SmolLM3Config", no_rope_layer_interval=2),
     "mamba": _mamba,
+    "recurrent_gemma": _recurrent_gemma,
 }
 
 
@@ -169,6 +178,7 @@ REFERENCE_PATH = {
     "bloom": "ALiBi position biases",
     "mpt": "ALiBi position biases",
     "mamba": "no attention heads",
+    "recurrent_gemma": "LinearAttentionLayer layers",
 }
 
 

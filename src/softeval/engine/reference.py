@@ -75,16 +75,24 @@ class ReferenceEngine:
         text, eos = TextStream(self.lm.tokenizer, stop), set(self.lm.eos_token_ids)
         embed = self.model.get_input_embeddings()
         kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
-        embeds, cache = self.embed(prompt), None
+        embeds, cache, whole = self.embed(prompt), None, None
         while True:
-            out = self.model(inputs_embeds=embeds, cache=cache, use_cache=True, **kwargs)
+            out = self.model(inputs_embeds=embeds, cache=cache, use_cache=whole is None, **kwargs)
             self.positions_computed += embeds.shape[1]
             self.logit_rows_computed += 1 if self._keeps_logits else embeds.shape[1]
-            cache, token = out.cache, int(out.logits[0, -1].argmax())
+            token = int(out.logits[0, -1].argmax())
             completion = ended_by(text, token, eos, max_new_tokens)
             if completion is not None:
                 return completion
-            embeds = embed(torch.tensor([[token]], device=self.device))
+            new = embed(torch.tensor([[token]], device=self.device))
+            if whole is None and getattr(out, "cache", None) is None:
+                # a model that hands back no cache (RecurrentGemma keeps its recurrent state inside
+                # itself): each step runs the whole sequence again, without a cache
+                whole = embeds
+            if whole is not None:
+                whole = embeds = torch.cat([whole, new], dim=1)
+            else:
+                cache, embeds = out.cache, new
 
     # --- loglikelihood ----------------------------------------------------------------------------
 
