@@ -44,7 +44,7 @@ def test_decision_accuracy_per_budget_mean_and_earliest_by_hand():
     assert [b["value"] for b in early["decision_accuracy"]] == [1.0, 1.0, 1.0]
     assert (late["mean"]["value"], early["mean"]["value"]) == (pytest.approx(2 / 3), 1.0)
     assert (late["earliest"], early["earliest"]) == (1, 0)
-    difference = decision_difference(compared, "early", "late")
+    difference = decision_difference(compared, "early", ["late"])
     assert [d["value"] for d in difference["per_budget"]] == [1.0, 0.0, 0.0]
     assert difference["mean"]["value"] == pytest.approx(1 / 3)
     # the averaged variant scores checkpoint k by the mean of checkpoints up to k (at most 3)
@@ -57,8 +57,23 @@ def test_a_predictor_against_itself_differs_by_exactly_zero_and_paired_intervals
     target = np.stack([table(m, seed=9)[0] for m in (0.3, 0.4, 0.5, 0.6)])
     noisy = [table(a, b, seed=s) for s, (a, b) in enumerate([(0.32, 0.35), (0.36, 0.41), (0.45, 0.49), (0.50, 0.58)])]
     compared = compare_decisions({"x": noisy, "y": [t.copy() for t in noisy]}, [[0] * 4, [1] * 4], target, threshold=0.8, n_resamples=500)
-    same = decision_difference(compared, "x", "y")
+    same = decision_difference(compared, "x", ["y"])
     assert same["mean"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0} and not same["excludes_zero"]
+
+
+def test_the_best_of_several_predictors_is_chosen_again_in_every_resample():
+    """Against the best of many, chosen on the same rows: each resample takes its own best, so the
+    difference's interval lies at or below the one against a best chosen once."""
+    target = np.stack([table(m, seed=9)[0] for m in (0.3, 0.4, 0.5, 0.6)])
+    noisy = {f"p{k}": [table(a + 0.01 * k, b, seed=10 * k + s) for s, (a, b) in enumerate([(0.32, 0.35), (0.36, 0.41), (0.45, 0.49), (0.50, 0.58)])]
+             for k in range(4)}
+    compared = compare_decisions(noisy, [[0] * 4, [1] * 4], target, threshold=0.8, n_resamples=400)
+    means = {name: compared["predictors"][name]["mean"]["value"] for name in noisy}
+    chosen = decision_difference(compared, "p0", ["p1", "p2", "p3"])
+    best = max(["p1", "p2", "p3"], key=means.__getitem__)
+    once = decision_difference(compared, "p0", [best])
+    assert chosen["second"] == best and chosen["mean"]["value"] == once["mean"]["value"] == pytest.approx(means["p0"] - means[best])
+    assert chosen["mean"]["ci_low"] <= once["mean"]["ci_low"] and chosen["mean"]["ci_high"] <= once["mean"]["ci_high"]
 
 
 def test_continuous_values_decide_where_their_means_order_the_recipes():

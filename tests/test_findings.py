@@ -145,9 +145,11 @@ def test_an_undetermined_paired_finding_says_which_rows_would_decide():
 
 def test_holm_turns_a_marginal_verdict_undetermined():
     findings = [F.Finding(claim="above_zero_shot", verdict="holds", reason="", p_value=p) for p in (0.001, 0.03, 0.04)]
-    adjusted = F.with_holm(findings + [F.Finding(claim="saturation", verdict="holds", reason="")])
-    assert [f.p_holm for f in adjusted] == pytest.approx([0.003, 0.06, 0.06, None])
-    assert [f.holm_verdict for f in adjusted] == ["holds", "undetermined", "undetermined", None]
+    against = F.Finding(claim="above_few_shot", verdict="does not hold", reason="", p_value=0.5)
+    adjusted = F.with_holm(findings + [F.Finding(claim="saturation", verdict="holds", reason=""), against])
+    assert [f.p_holm for f in adjusted] == pytest.approx([0.004, 0.09, 0.09, None, 0.5])
+    # Holm guards the claims' "holds"; a "does not hold" stays as it is
+    assert [f.holm_verdict for f in adjusted] == ["holds", "undetermined", "undetermined", None, "does not hold"]
 
 
 def test_a_finding_on_a_guessed_role_is_undetermined():

@@ -82,12 +82,17 @@ def test_option_probabilities_are_the_models_own_and_sum_to_one(tiny_llama, tmp_
         assert result.metrics[name].value is not None, name
 
 
-def test_a_target_that_does_not_name_its_option_has_no_option_probability(tiny_llama, tmp_path):
+def test_a_target_that_does_not_name_its_option_scores_the_gold_target_alone(tiny_llama, tmp_path):
     rows = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
     spec = load_task(write_user_task(tmp_path, rows, target=" {{ q }}"))
     result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
-    assert all(s.gold_prob is None and s.gold_bpb is None for s in result.samples)
-    assert "gold_prob" not in result.metrics and "gold_bpb" not in result.metrics
+    # no option is likelier than another there: the gold target alone is scored
+    for sample in result.samples:
+        context = prompt_ids(tiny_llama, sample.prompt)
+        target = " " + rows[sample.index]["q"]
+        assert sample.gold_prob is None and sample.prompt_knowledge_correct is None
+        assert sample.gold_logprob == pytest.approx(reference_loglikelihood(tiny_llama, context, tiny_llama.encode(target)), abs=1e-3)
+    assert "gold_prob" not in result.metrics and result.metrics["gold_bpb"].value is not None
     assert result.metrics["cloze_gold_prob"].value is not None  # the cloze context names each option
 
 

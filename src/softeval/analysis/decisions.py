@@ -54,12 +54,14 @@ def averaged(table: np.ndarray, n: int = AVERAGED) -> np.ndarray:
     return (sums - lagged) / counts
 
 
-def signal_to_noise(series_scores: Sequence[np.ndarray], last: int = AVERAGED) -> float | None:
+def signal_to_noise(series_scores: Sequence[np.ndarray], last: int = AVERAGED, noise_scores: Sequence[np.ndarray] | None = None) -> float | None:
     """Heineman et al.'s ratio over recipes' score curves (each in checkpoint order): signal is
     (max - min) of the final scores over their mean, noise the mean over recipes of std / mean of
-    the last `last` scores. None where the mean is 0 or no recipe's last scores vary."""
+    the last `last` scores (of `noise_scores` where given: a smoothed curve's own last points
+    overlap, so its noise is read off the raw curve). None where the mean is 0 or no recipe's
+    last scores vary."""
     finals = np.array([s[-1] for s in series_scores], dtype=float)
-    tails = [np.asarray(s[-last:], dtype=float) for s in series_scores]
+    tails = [np.asarray(s[-last:], dtype=float) for s in (noise_scores if noise_scores is not None else series_scores)]
     if len(finals) < 2 or any(len(t) < 2 for t in tails) or finals.mean() == 0:
         return None
     relative = [t.std(ddof=1) / abs(t.mean()) for t in tails if t.mean() != 0]
@@ -96,24 +98,33 @@ def compare_decisions(
                 "decision_accuracy": [_estimate(v, r) for v, r in zip(values, resampled)],
                 "mean": _estimate(np.nanmean(values) if np.isfinite(values).any() else np.nan, _nanmean(resampled)),
                 "earliest": _earliest(values, threshold),
-                "signal_to_noise": signal_to_noise([t.mean(axis=1) for t in variant]),
+                "signal_to_noise": signal_to_noise([t.mean(axis=1) for t in variant], noise_scores=[t.mean(axis=1) for t in tables]),
             }
     return {"predictors": found, "boots": boots}
 
 
-def decision_difference(compared: dict, first: str, second: str) -> dict:
-    """first - second in decision accuracy, per budget and in the mean over budgets, with paired
-    intervals (the same row draws for both)."""
+def decision_difference(compared: dict, first: str, among: Sequence[str]) -> dict:
+    """`first` minus the best of `among` (by mean decision accuracy) in decision accuracy, per
+    budget and in the mean over budgets, with paired intervals (the same row draws for both).
+    The best is chosen again in every resample, so the interval of the mean carries the choice:
+    a best chosen once, on the rows it is then compared on, would look better than it is."""
+    means = {name: compared["predictors"][name]["mean"]["value"] for name in among}
+    second = max((n for n in among if means[n] is not None), key=means.__getitem__)
     a, b = compared["predictors"][first], compared["predictors"][second]
     boot_a, boot_b = compared["boots"][first], compared["boots"][second]
     per_budget = [_estimate(_minus(x["value"], y["value"]), ra - rb) for x, y, ra, rb in
                   zip(a["decision_accuracy"], b["decision_accuracy"], boot_a, boot_b)]
-    resampled = _nanmean(boot_a) - _nanmean(boot_b)
+    stacked = np.stack([_nanmean(compared["boots"][n]) for n in among])
+    defined = np.isfinite(stacked).any(axis=0)
+    best_each = np.full(stacked.shape[1], np.nan)  # nan where no candidate is defined in a resample
+    best_each[defined] = np.nanmax(stacked[:, defined], axis=0)
+    resampled = _nanmean(boot_a) - best_each
     mean = _estimate(_minus(a["mean"]["value"], b["mean"]["value"]), resampled)
     excludes = mean["ci_low"] is not None and (mean["ci_low"] > 0 or mean["ci_high"] < 0)
     defined = np.round(resampled[np.isfinite(resampled)], _DECIMALS)
     p_value = bootstrap_p_value(defined) if mean["value"] is not None and defined.size else None
-    return {"first": first, "second": second, "per_budget": per_budget, "mean": mean, "excludes_zero": excludes, "p_value": p_value}
+    return {"first": first, "second": second, "among": len(among), "per_budget": per_budget, "mean": mean, "excludes_zero": excludes,
+            "p_value": p_value}
 
 
 def _per_budget(tables: Sequence[np.ndarray], checkpoints: Sequence[list[int]], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

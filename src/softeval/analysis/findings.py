@@ -128,15 +128,15 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
 
 def with_holm(findings: list[Finding]) -> list[Finding]:
     """The findings with Holm-adjusted p-values across those that have one, and the verdict each
-    keeps at the adjusted level: a holds or does not hold whose adjusted p-value is not below
-    1 - CONFIDENCE becomes undetermined."""
+    keeps at the adjusted level: a holds whose adjusted p-value is not below 1 - CONFIDENCE
+    becomes undetermined."""
     adjusted = holm([f.p_value for f in findings])
     for f, p in zip(findings, adjusted):
         if p is None:
             continue
         f.p_holm = p
-        decided = f.verdict in ("holds", "does not hold")
-        f.holm_verdict = f.verdict if not decided or p < 1 - CONFIDENCE else "undetermined"
+        # the claims are what is tested: a "holds" is a rejection of "no effect" that Holm guards
+        f.holm_verdict = "undetermined" if f.verdict == "holds" and p >= 1 - CONFIDENCE else f.verdict
     return findings
 
 
@@ -417,14 +417,19 @@ def _decision_findings(folder: Path) -> list[Finding]:
     if not path.is_file():
         return []
     findings = []
-    for task, found in json.loads(path.read_text(encoding="utf-8")).get("tasks", {}).items():
+    analysis = json.loads(path.read_text(encoding="utf-8"))
+    for task, found in analysis.get("tasks", {}).items():
         proxy = next((d for d in (found.get("predictors") or {}).get("differences", []) if d["best_continuous"]), None)
         if proxy is None:
             continue
         mean = proxy["mean"]
         finding = dict(claim="early_decision", method="soft-prompt", task=task, value=mean["value"], ci_low=mean["ci_low"], ci_high=mean["ci_high"],
                        statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
-                       f"{proxy['second']}, {found['rows']} rows")
+                       f"{proxy['second']} (the best of {proxy['among']}, chosen again in each resample), {found['rows']} rows")
+        if analysis["target"]["kind"] != "reference":
+            findings.append(Finding(**finding, verdict="undetermined", reason="the target is the last checkpoints' own score, by which a "
+                                    "predictor of the same method grades itself; declare each recipe's reference model"))
+            continue
         findings.append(Finding(**finding, **_sign_verdict(mean["ci_low"], mean["ci_high"]), p_value=proxy.get("p_value")))
     return findings
 

@@ -329,11 +329,14 @@ def _predictors(series: dict, cells: dict, task: str, methods: list[str], rows: 
     ranked = sorted(compared["predictors"], key=lambda name: 1 if mean(name) is None else -mean(name))  # best first, n/a last
     soft = "soft-prompt / task_accuracy"
     differences = []
-    if soft in compared["predictors"]:
-        proxy = next((name for name in ranked if name.split(" / ")[1].split(" (")[0] in CONTINUOUS), None)
-        best = next((name for name in ranked if name != soft), None)
-        for other in dict.fromkeys(n for n in (proxy, best) if n is not None):
-            differences.append(decision_difference(compared, soft, other) | {"best_continuous": other == proxy})
+    defined = [name for name in ranked if compared["predictors"][name]["mean"]["value"] is not None]
+    if soft in defined:
+        # raw against raw: the soft prompt's own checkpoint-averaged variant is a predictor apart
+        raw = [name for name in defined if name != soft and "(mean of last" not in name]
+        proxies = [name for name in raw if name.split(" / ")[1] in CONTINUOUS]
+        for among, is_proxy in ((proxies, True), (raw, False)):
+            if among:
+                differences.append(decision_difference(compared, soft, among) | {"best_continuous": is_proxy})
     return {"results": compared["predictors"], "ranked": ranked, "differences": differences}
 
 

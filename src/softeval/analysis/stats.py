@@ -108,7 +108,8 @@ def paired_difference(a, b, *, n_resamples: int = 2000, seed: int = 0) -> Paired
 def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
     """Two-sided percentile-bootstrap p-value of `null`: twice the smaller share of resamples on
     either side of it (each share counted as (k + 1) / (B + 1), so never 0), at most 1. It is
-    below 1 - CONFIDENCE exactly when the percentile interval excludes `null`, up to ties."""
+    below 1 - CONFIDENCE about where the percentile interval excludes `null` (resamples equal to
+    `null` count on both sides, so the two can part where many tie at it)."""
     below, above = np.sum(resampled <= null), np.sum(resampled >= null)
     return float(min(1.0, 2 * (min(below, above) + 1) / (resampled.size + 1)))
 

@@ -33,15 +33,17 @@ METRIC_FILTERS = {
     "conditional_accuracy": "strict",
     "lenient_accuracy": "lenient",
 }
-# the continuous metrics under lm-eval's names where it has one (`bits_per_byte`; `acc`: the option
-# of highest summed log-likelihood), and the context they were scored in
+# the continuous metrics and the context they were scored in, under lm-eval's name where it has
+# one that means the same (`acc`: the option of highest summed log-likelihood). Not lm-eval's
+# `bits_per_byte`: it is a corpus total (all log-likelihoods over all bytes), softeval's the mean
+# of each row's ratio, which OLMES reports per instance.
 GOLD_KEYS = {
     "gold_logprob": "gold_logprob,prompt",
-    "gold_bpb": "bits_per_byte,prompt",
+    "gold_bpb": "gold_bpb,prompt",
     "gold_prob": "gold_prob,prompt",
     "prompt_knowledge": "acc,prompt",
     "cloze_gold_prob": "gold_prob,cloze",
-    "cloze_gold_bpb": "bits_per_byte,cloze",
+    "cloze_gold_bpb": "gold_bpb,cloze",
 }
 KNOWLEDGE_SCORING = {
     "acc_norm": {"scoring": "option_loglikelihood", "normalization": "characters"},

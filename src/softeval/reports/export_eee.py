@@ -236,9 +236,11 @@ def eee_instances(cell: Cell, evaluation_id: str) -> list[dict]:
             outcome = row_outcome(sample, metric)
             if outcome is not None:
                 rows.append(eee_instance(cell, evaluation_id, sample, metric, outcome))
-        for metric in cell.gold_metrics:  # the row's likelihood; whether its answer is correct stays the strict verdict
-            row = eee_instance(cell, evaluation_id, sample, metric, sample.task_correct)
-            row["evaluation"]["score"] = float(getattr(sample, GOLD_METRICS[metric]))
+        for metric in cell.gold_metrics:
+            value = getattr(sample, GOLD_METRICS[metric])
+            # a likelihood has no verdict of its own: whether the row's answer is right stays the strict one
+            row = eee_instance(cell, evaluation_id, sample, metric, value if metric == "prompt_knowledge" else sample.task_correct)
+            row["evaluation"]["score"] = float(value)
             rows.append(row)
     return rows
 

@@ -136,12 +136,13 @@ PREDICTORS_TEXT = ("Every predictor, a method read through one metric, ordered b
                    "(95% intervals resample rows, one draw for every predictor, checkpoint and the target); bits per byte "
                    "are lower-is-better and count negated. \"mean of last 3\" scores a checkpoint by the mean of the last 3 "
                    "checkpoints up to it. Signal to noise as Heineman et al. define it: (max - min) of the final scores over "
-                   "their mean, over the mean relative spread (std / mean) of each recipe's last 3 checkpoints.")
+                   "their mean, over the mean relative spread (std / mean) of each recipe's last 3 checkpoints (the raw ones, "
+                   "for an averaged variant too); not the absolute ratio of the noise table above.")
 
 
 def predictor_header(found: dict) -> list[str]:
     axis = found["axis"]
-    return ["predictor", *(_budget(b, axis) for b in found["predictors"]["budgets"]), "mean", "decides from", "signal to noise"]
+    return ["predictor", *(_budget(b, axis) for b in found["predictors"]["budgets"]), "mean", "decides from", "signal to noise (relative)"]
 
 
 def predictor_rows(found: dict) -> list[list[str]]:
@@ -162,7 +163,8 @@ def difference_lines(found: dict) -> list[str]:
     in decision accuracy: the mean over budgets and each budget, with paired intervals."""
     lines = []
     for d in found["predictors"]["differences"]:
-        which = "the best continuous proxy" if d["best_continuous"] else "the best other predictor"
+        which = (f"the best continuous proxy of {d['among']}" if d["best_continuous"] else f"the best of {d['among']} other predictors") + \
+            ", chosen again in each resample"
         signed = lambda e: "n/a" if e["value"] is None else f"{e['value']:+.2f}" + (f" [{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]" if e["ci_low"] is not None else "")  # noqa: E731
         verdict = "decides better" if d["excludes_zero"] and d["mean"]["value"] > 0 else "decides worse" if d["excludes_zero"] else "no difference shown"
         lines.append(f"{d['first']} minus {d['second']} ({which}): mean decision accuracy {signed(d['mean'])}, {verdict}; "

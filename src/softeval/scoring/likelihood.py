@@ -73,10 +73,12 @@ def gold_fields(example: Example, answers: Sequence[float] | None, answer_texts:
     `cloze`: the options' log-likelihoods in the cloze context, with the texts they scored."""
     fields: dict = {}
     if answers is not None and answer_texts is not None:
-        gold = example.answer_index if example.choices is not None else 0
+        # one answer per option, or the gold answer alone (a target that does not name its option)
+        per_option = example.choices is not None and len(answers) == len(example.choices)
+        gold = example.answer_index if per_option else 0
         fields["gold_logprob"] = answers[gold] if math.isfinite(answers[gold]) else None
         fields["gold_bpb"] = bits_per_byte(answers[gold], answer_texts[gold])
-        if example.choices is not None:
+        if per_option:
             fields["prompt_option_loglikelihoods"] = [x if math.isfinite(x) else None for x in answers]
             fields["gold_prob"] = option_probability(answers, gold)
             pick = int(np.argmax([x if math.isfinite(x) else -np.inf for x in answers]))

@@ -379,10 +379,10 @@ def lm_eval_scores(task_name: str, answer: str, doc: dict) -> float:
     task = _TASKS.get(task_name)
     if task is None:
         raise SoftevalError(f"lm-eval task {task_name} scores answers only after its rows are read; load the task's examples first")
-    config = _config(task_name)
-    metrics = [m["metric"] for m in config.get("metric_list") or [] if isinstance(m.get("metric"), str)]
+    first = _first_metric(_config(task_name))  # the metric `_scored_by_lm_eval` found right or wrong
     scored = task.process_results(doc, [answer])
-    first = next((m for m in metrics if m in scored), next(iter(scored)))
+    if first not in scored:
+        raise SoftevalError(f"lm-eval task {task_name}: its process_results gives no {first} (it gives {', '.join(scored) or 'nothing'})")
     return float(scored[first])
 
 
@@ -406,7 +406,7 @@ def strict_target(task_name: str, doc: dict, target: str) -> tuple[str, str]:
     return target, target
 
 
-def _texts(value, found: list | None = None, limit: int = 50) -> list[str]:
+def _texts(value, found: list | None = None, limit: int = 20) -> list[str]:
     """The short texts a row holds, nested ones included, in order (at most `limit`)."""
     found = [] if found is None else found
     if isinstance(value, str):

@@ -51,14 +51,16 @@ def target_text(spec: TaskSpec, example: Example) -> str:
     return spec.render("target", example)
 
 
-def answer_texts(spec: TaskSpec, example: Example) -> list[str] | None:
-    """The answers a generation prompt is scored on, as the strict format writes them: the gold
-    target alone, or for multiple choice every option's target (gold at its own index). None
-    where the options' targets are all alike (a target that does not name its option)."""
+def answer_texts(spec: TaskSpec, example: Example) -> list[str]:
+    """The answers a generation prompt is scored on, as the strict format writes them: for
+    multiple choice every option's target (gold at its own index), else the gold target alone;
+    the gold target alone too where the options' targets are all alike (a target that does not
+    name its option: no option is likelier than another there)."""
+    gold = [target_text(spec, example)]
     if example.choices is None:
-        return [target_text(spec, example)]
+        return gold
     texts = [target_text(spec, replace(example, answer=letter, answer_index=i)) for i, letter in enumerate(example.letters)]
-    return texts if len(set(texts)) > 1 else None
+    return texts if len(set(texts)) > 1 else gold
 
 
 def tuning_target(spec: TaskSpec, example: Example) -> str:
@@ -153,15 +155,15 @@ class PromptBuilder:
     def answer_request(self, example: Example, prompt: Prompt, room: int) -> tuple[Cloze, list[str]] | None:
         """The generation prompt followed by each answer of `answer_texts`, encoded as the
         tuning loss encodes its targets; `room`: the tokens prompt and answer may take (the
-        model's context less its soft prompt). None where the answers do not tell options apart."""
+        model's context less its soft prompt). None where an answer alone fills the room."""
         texts = answer_texts(self.spec, example)
-        if texts is None:
-            return None
         answers = [self.lm.encode(text) for text in texts]
         context = prompt.ids
+        keep = 1 if self.lm.bos_token_id is not None else 0
+        if max(len(a) for a in answers) + keep + 1 > room:
+            return None
         overflow = len(context) + max(len(a) for a in answers) - room
         if overflow > 0:  # keep BOS, drop the oldest prompt tokens, as the cloze requests do
-            keep = 1 if self.lm.bos_token_id is not None else 0
             context = context[:keep] + context[keep + overflow :]
         return Cloze(context, answers, truncated=overflow > 0 or prompt.truncated, n_demos=prompt.n_demos), texts
 
