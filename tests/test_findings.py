@@ -35,6 +35,7 @@ def test_saturation_holds_where_format_following_plateaus_early():
     rows = switching(20, {r: 10 for r in range(20)}, STEPS)
     finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
     assert (finding.verdict, finding.value, finding.ci_low, finding.ci_high) == ("holds", 10, 10, 10)
+    assert finding.p_value == pytest.approx(2 / 2001)  # no resample saturates beyond the budget
 
 
 def test_saturation_does_not_hold_where_the_plateau_comes_after_the_budget():
@@ -107,11 +108,12 @@ def test_an_unreadable_curve_file_is_no_curve(tmp_path, text):
 def test_knowledge_flat_every_verdict():
     same = curve([0, 40], [[1] * 40] * 2, [[int(r % 2 == 0) for r in range(40)]] * 2)
     assert F._knowledge_flat(same, WHERE, []).verdict == "holds"
+    assert F._knowledge_flat(same, WHERE, []).p_value == pytest.approx(2 / 2001)  # two one-sided tests: no resample beyond +-5 points
     risen = curve([0, 40], [[1] * 40] * 2, [[int(r < 8) for r in range(40)], [int(r < 32) for r in range(40)]])
     finding = F._knowledge_flat(risen, WHERE, [])
     assert finding.verdict == "does not hold" and finding.value == pytest.approx(0.6)
     noisy = curve([0, 40], [[1] * 40] * 2, [[int(r < 20) for r in range(40)], [int(4 <= r < 24) or int(r < 2) for r in range(40)]])
-    assert F._knowledge_flat(noisy, WHERE, []).verdict == "undetermined"
+    assert F._knowledge_flat(noisy, WHERE, []).verdict == "undetermined" and F._knowledge_flat(noisy, WHERE, []).p_value > 0.05
     assert F._knowledge_flat(same, WHERE, ["at chance (25%)"]).verdict == "undetermined"
 
 
@@ -282,7 +284,9 @@ def test_a_tiny_study_states_its_findings_everywhere(tmp_path, family_dirs):
     assert {f["claim"] for f in saved} == set(F.CLAIMS) - {"true_knowledge", "early_decision"}
     # the paired findings' p-values, Holm-adjusted across the study's
     tested = [f for f in saved if f["p_value"] is not None]
-    assert {f["claim"] for f in tested} <= {"above_zero_shot", "above_few_shot", "post_trained_format"} and len(tested) >= 6
+    # every finding with an interval carries the p-value of the bound its verdict tests
+    assert all(f["p_value"] is not None for f in saved if f["ci_low"] is not None), [f for f in saved if f["ci_low"] is not None and f["p_value"] is None]
+    assert {f["claim"] for f in tested} >= {"above_zero_shot", "above_few_shot", "post_trained_format"}
     assert all(f["p_holm"] >= f["p_value"] for f in tested) and all(f["holm_verdict"] for f in tested)
     assert all(f["verdict"] in ("holds", "does not hold", "undetermined", "not applicable") for f in saved)
     by_claim = {}

@@ -342,3 +342,20 @@ def test_the_bootstrap_p_value_is_below_5_percent_where_the_interval_excludes_0(
         a, b = (rng.random(150) < 0.5 + shift).astype(float), (rng.random(150) < 0.5).astype(float)
         d = paired_difference(a, b)
         assert (d.p_value < 0.05) == d.excludes_zero or abs(d.p_value - 0.05) < 0.01
+
+
+def test_the_p_values_of_agreements_test_the_bound_their_findings_use():
+    """Pearson r against 0.5 (soft prompt vs LoRA) and tau differences against 0 (the ranking):
+    below 5% about where the interval excludes the bound, from the same resamples."""
+    rng = np.random.default_rng(4)
+    x = [rng.random(80) < p for p in np.linspace(0.2, 0.8, 8)]
+    close = [np.where(rng.random(80) < 0.9, xi, ~xi) for xi in x]  # y follows x closely: r far above 0.5
+    agreement = method_agreement(x, close, ["t"] * 8, n_resamples=1000, against=0.5)
+    assert agreement.pearson.ci_low > 0.5 and agreement.pearson_p < 0.05 and agreement.against == 0.5
+    noise = [rng.random(80) < 0.5 for _ in range(8)]
+    unrelated = method_agreement(x, noise, ["t"] * 8, n_resamples=1000, against=0.5)
+    assert unrelated.pearson_p > 0.05 or unrelated.pearson.ci_high < 0.5
+    reference = [np.stack([rng.random(60) < p for p in np.linspace(0.2, 0.8, 5)]).astype(float)]
+    comparison = compare_predictors({"good": [reference[0].copy()], "poor": [np.roll(reference[0], 2, axis=0)]}, reference, n_resamples=500)
+    d, p = comparison.tau_pairwise["good - poor"], comparison.tau_pairwise_p["good - poor"]
+    assert (p < 0.05) == (d.ci_low > 0 or d.ci_high < 0) and p == comparison.tau_pairwise_p["poor - good"]

@@ -18,6 +18,7 @@ log = logging.getLogger("softeval")
 
 # (method, baseline): the differences the comparison shows, where both cells exist
 PAIRS = (("soft-prompt", "zero-shot"), ("soft-prompt", "few-shot"), ("soft-prompt", "lora"), ("lora", "few-shot"))
+LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
 # the metrics compared row by row: per-row outcomes, so a paired bootstrap applies
 PAIRED_METRICS = {m: ROW_METRICS[m] for m in ("task_accuracy", "knowledge", "format_following")}
 
@@ -158,7 +159,7 @@ def tuned_agreement(cells: dict, *, n_resamples: int = 2000, seed: int = 0) -> d
             tasks.append(task)
     if len(x) < 3:
         return None
-    agreement = method_agreement(x, y, tasks, n_resamples=n_resamples, seed=seed)
+    agreement = method_agreement(x, y, tasks, n_resamples=n_resamples, seed=seed, against=LINE_UP_R)
     return agreement.model_dump() | {"metric": "task_accuracy", "cells": [list(k) for k in both if k[1] in tasks]}
 
 

@@ -43,8 +43,11 @@ The claims and their rules:
    Kendall tau-b with a row-bootstrap interval, from the series analysis. Holds where the interval
    lies above TRUE_KNOWLEDGE_TAU, does not hold where it lies below.
 
-Findings tested against 0 (3, 4 and 7) carry a two-sided bootstrap p-value, and a Holm-adjusted
-one across those of the study (`holm_verdict`: the verdict at the adjusted level). A paired
+Each finding with an interval carries a two-sided bootstrap p-value against the bound its
+verdict tests (0 for differences, the budget for saturation, r = LINE_UP_R, tau =
+TRUE_KNOWLEDGE_TAU; for knowledge staying flat, two one-sided tests against +-KNOWLEDGE_MARGIN),
+and a Holm-adjusted one across the study's (`holm_verdict`: a holds whose adjusted p-value is not
+below 1 - CONFIDENCE is undetermined there). A paired
 finding left undetermined because its interval includes 0 states the smallest difference its
 rows could detect and the rows that would detect the observed one, each with 80% power.
 """
@@ -59,8 +62,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from softeval.analysis.comparisons import cell_flags, cell_key
+from softeval.analysis.comparisons import LINE_UP_R, cell_flags, cell_key
 from softeval.analysis.ranking import MIN_FAMILIES, families
+from softeval.analysis.series import TRUE_KNOWLEDGE_TAU
 from softeval.analysis.stats import CONFIDENCE, holm, paired_difference
 from softeval.scoring import MODELS_FILE, EvalResult
 
@@ -71,8 +75,6 @@ PLATEAU_SHARE = 0.95  # format-following at this share of its final value has re
 MIN_PLATEAU = 0.5  # a plateau below this share of formatted answers is no saturation the method means
 KNOWLEDGE_MARGIN = 0.05  # knowledge moving less than 5 points either way is flat
 MIN_VALIDATION_ROWS = 10  # fewer validation rows say too little of a curve
-LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
-TRUE_KNOWLEDGE_TAU = 0.5  # a method's scores order checkpoints by true knowledge where Kendall tau-b is above this
 N_RESAMPLES = 2000
 # the cell flags that make a score mean little: a finding resting on such a cell is undetermined
 UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
@@ -103,7 +105,7 @@ class Finding(BaseModel):
     ci_high: float | None = None
     verdict: Verdict
     reason: str
-    p_value: float | None = None  # two-sided, against 0, where the verdict rests on such a test
+    p_value: float | None = None  # two-sided bootstrap p-value against the bound the verdict tests (see the module's notes)
     p_holm: float | None = None  # Holm-adjusted across the study's findings that have a p-value
     holm_verdict: Verdict | None = None  # the verdict at the Holm-adjusted level; None without a p-value
 
@@ -181,7 +183,8 @@ def _saturation(curve: list[dict], batch_size: int | None, where: dict, undermin
     low, high = (float(q) for q in np.quantile(boot, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf"))
     final = rows[-1].mean()
     finding = dict(where, claim="saturation", statistic=f"first validation step at {100 * PLATEAU_SHARE:.0f}% of the final format-following "
-                   f"({100 * final:.0f}%); the method's budget is {budget:g} steps of batch {batch_size or 8}", value=point, ci_low=low, ci_high=high)
+                   f"({100 * final:.0f}%); the method's budget is {budget:g} steps of batch {batch_size or 8}", value=point, ci_low=low, ci_high=high,
+                   p_value=_within_p(boot, budget))
     if batch_size is None:
         return Finding(**finding, verdict="undetermined", reason="the tuned prompt does not record its batch size (tuned by an older softeval)")
     if undermined:
@@ -217,7 +220,7 @@ def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Fi
     first, last = (np.array(curve[i]["rows"]["knowledge"], dtype=float) for i in (0, -1))
     d = paired_difference(last, first, n_resamples=N_RESAMPLES)
     finding = dict(where, claim="knowledge_flat", statistic=f"knowledge at step {curve[-1]['step']} minus step {curve[0]['step']}, "
-                   f"{len(first)} validation rows", value=d.value, ci_low=d.ci_low, ci_high=d.ci_high)
+                   f"{len(first)} validation rows", value=d.value, ci_low=d.ci_low, ci_high=d.ci_high, p_value=_equivalence_p(last - first))
     if undermined:
         return Finding(**finding, verdict="undetermined", reason=f"the soft-prompt cell is flagged: {', '.join(undermined)}")
     if d.ci_low is None:
@@ -228,6 +231,24 @@ def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Fi
     if d.ci_low > KNOWLEDGE_MARGIN or d.ci_high < -KNOWLEDGE_MARGIN:
         return Finding(**finding, verdict="does not hold", reason=f"the interval lies outside {margin}")
     return Finding(**finding, verdict="undetermined", reason=f"the interval reaches beyond {margin}")
+
+
+def _within_p(boot: np.ndarray, budget: float) -> float:
+    """Saturation's p-value: twice the smaller share of resampled steps within the budget (at or
+    before it, as the verdict counts them) or beyond it, counted as (k + 1) / (B + 1)."""
+    within = int(np.sum(boot <= budget))
+    return float(min(1.0, 2 * (min(within, boot.size - within) + 1) / (boot.size + 1)))
+
+
+def _equivalence_p(diff: np.ndarray) -> float | None:
+    """The p-value of "knowledge moved by KNOWLEDGE_MARGIN or more" (two one-sided tests on the
+    row-bootstrap of the mean difference): twice the larger share of resamples beyond either
+    margin, counted as (k + 1) / (B + 1); below 1 - CONFIDENCE where the interval lies within it."""
+    if diff.size < 2:
+        return None
+    boot = diff @ _row_counts(diff.size).T / diff.size
+    beyond = max(np.sum(boot <= -KNOWLEDGE_MARGIN), np.sum(boot >= KNOWLEDGE_MARGIN))
+    return float(min(1.0, 2 * (beyond + 1) / (boot.size + 1)))
 
 
 def _curve(folder: Path, result: EvalResult) -> list[dict] | None:
@@ -368,7 +389,8 @@ def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
             findings.append(Finding(claim=claim, verdict="not applicable", reason=f"the ranking has no soft-prompt and {other} cells of every base model"))
             continue
         finding = dict(claim=claim, statistic=f"Kendall tau-b of soft-prompt minus {other}, base {metric} against the post-trained "
-                       f"{ranking['reference']['method']} {metric}, {n_families} families", value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"])
+                       f"{ranking['reference']['method']} {metric}, {n_families} families", value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"],
+                       p_value=comparison.get("tau_pairwise_p", {}).get(f"soft-prompt - {other}"))
         if undermined:
             findings.append(Finding(**finding, verdict="undetermined", reason=f"ranked cells are flagged: {', '.join(undermined)}"))
         else:
@@ -397,7 +419,7 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
     r, tau = agreement["pearson"], agreement["tau_b"]
     tau_text = "n/a" if tau["value"] is None else f"{tau['value']:.2f}"
     finding = dict(claim="soft_prompt_vs_lora", statistic=f"Pearson r of task accuracy over {agreement['n_cells']} cells (Kendall tau-b {tau_text})",
-                   value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"])
+                   value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"], p_value=agreement.get("pearson_p"))
     cells = [(m, t, method, c) for m, t, c in agreement["cells"] for method in ("soft-prompt", "lora")]
     undermined = sorted({f for key in cells for f in flags.get(tuple(key), [])})
     if undermined:
@@ -450,6 +472,7 @@ def _truth_findings(folder: Path) -> list[Finding]:
         for method, metrics in truth["agreement"].items():
             tau = metrics["task_accuracy"]
             finding = dict(claim="true_knowledge", method=method, task=task, value=tau["value"], ci_low=tau["ci_low"], ci_high=tau["ci_high"],
+                           p_value=tau.get("p_value"),
                            statistic=f"Kendall tau-b of task accuracy against the share of known facts over {truth['checkpoints']} checkpoints, "
                            f"{truth['rows']} rows")
             findings.append(_agreement_verdict(finding))

@@ -27,12 +27,13 @@ from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
 from softeval.analysis.decisions import compare_decisions, decision_difference
-from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, scipy_point
+from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, resampled_p_value, scipy_point
 from softeval.errors import SoftevalError
 from softeval.scoring import GOLD_METRICS, LOWER_IS_BETTER, SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
 
 NOISE_CHECKPOINTS = 3  # a series' noise: the spread of its last this many checkpoints
+TRUE_KNOWLEDGE_TAU = 0.5  # a method's scores order checkpoints by true knowledge where Kendall tau-b is above this
 DECISION_THRESHOLD = 0.8  # a method decides from the budget its decision accuracy stays at or above this
 
 
@@ -369,7 +370,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
             boot = table[:, draws].mean(axis=2)
             value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
-            agreement[method][metric] = _interval(value, resampled).model_dump()
+            agreement[method][metric] = _interval(value, resampled).model_dump() | {"p_value": resampled_p_value(value, resampled, TRUE_KNOWLEDGE_TAU)}
     return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
 
 

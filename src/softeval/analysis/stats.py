@@ -70,6 +70,7 @@ class PredictorComparison(BaseModel):
     tau_difference: dict[str, Estimate]  # per other method: tau_b(best) - tau_b(other)
     # per ordered pair "a - b" of methods: tau_b(a) - tau_b(b), from the same row draws
     tau_pairwise: dict[str, Estimate] = {}
+    tau_pairwise_p: dict[str, float | None] = {}  # the two-sided bootstrap p-value of each difference against 0
 
 
 class Agreement(BaseModel):
@@ -78,6 +79,8 @@ class Agreement(BaseModel):
     pearson: Estimate
     tau_b: Estimate
     n_cells: int
+    pearson_p: float | None = None  # the two-sided bootstrap p-value of Pearson r against `against`
+    against: float | None = None
 
 
 # ---------------------------------------------------------------- public API
@@ -209,7 +212,14 @@ def compare_predictors(
         for a in names for b in names if a != b
     }
     differences = {name: pairwise[f"{best} - {name}"] for name in names if best is not None and name != best}
-    return PredictorComparison(methods=methods, best=best, tau_difference=differences, tau_pairwise=pairwise)
+    p_values = {f"{a} - {b}": resampled_p_value(pairwise[f"{a} - {b}"].value, boot_tau[a] - boot_tau[b]) for a in names for b in names if a != b}
+    return PredictorComparison(methods=methods, best=best, tau_difference=differences, tau_pairwise=pairwise, tau_pairwise_p=p_values)
+
+
+def resampled_p_value(value: float | None, resampled: np.ndarray, null: float = 0.0) -> float | None:
+    """`bootstrap_p_value` over the defined resamples; None where the statistic is undefined."""
+    defined = _round(resampled[np.isfinite(resampled)])
+    return None if value is None or not defined.size else bootstrap_p_value(defined, null)
 
 
 def method_agreement(
@@ -219,8 +229,10 @@ def method_agreement(
     *,
     n_resamples: int = 2000,
     seed: int = 0,
+    against: float | None = None,
 ) -> Agreement:
-    """Pearson r and Kendall tau-b across cells between method X's and method Y's cell scores.
+    """Pearson r and Kendall tau-b across cells between method X's and method Y's cell scores
+    (with `against`, the bootstrap p-value of r against that value).
 
     x[c], y[c]: per-row outcomes of cell c (a model on a task) under each method, on the same rows;
     cells of the same task must cover the same rows in the same order, and share each row draw."""
@@ -254,10 +266,13 @@ def method_agreement(
         point_x[cells], point_y[cells] = table[:k].mean(axis=1), table[k:].mean(axis=1)
         boot_x[cells], boot_y[cells] = boot[:k], boot[k:]
     point_x, point_y, boot_x, boot_y = map(_round, (point_x, point_y, boot_x, boot_y))
+    r, resampled_r = scipy_point(pearsonr, point_x, point_y), _pearson(boot_x.T, boot_y.T)
     return Agreement(
-        pearson=_estimate(scipy_point(pearsonr, point_x, point_y), _pearson(boot_x.T, boot_y.T)),
+        pearson=_estimate(r, resampled_r),
         tau_b=_estimate(scipy_point(kendalltau, point_x, point_y, variant="b"), kendall_tau_b(boot_x.T, boot_y.T)),
         n_cells=n_cells,
+        pearson_p=None if against is None else resampled_p_value(r, resampled_r, against),
+        against=against,
     )
 
 
