@@ -11,16 +11,35 @@ is extracted (its `filter_list`) and how it is scored (its `metric_list`, or the
   match with `ignore_case`, `ignore_punctuation` and `regexes_to_ignore` as configured, or
   DROP's own exact match).
 
-The lm-eval task is named by each row (`lm_eval_task`, set where the row was read), and lm-eval is
-imported only when an answer is read.
+The lm-eval task is named by each row (`lm_eval_task`, set where the row was read). Its reading
+is lm-eval's code, which the tasks layer registers in READINGS when it reads the task's rows
+(`softeval.tasks.lm_eval`): formats stay below tasks, and lm-eval is imported only there.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from softeval.errors import SoftevalError
 from softeval.formats.base import AnswerFormat, Example, Reading
+
+
+class LmEvalReading(Protocol):
+    """How an lm-eval task reads and scores an answer, by lm-eval's own code."""
+
+    def extract(self, completion: str, doc: dict, *, flexible: bool = False) -> str | None: ...
+
+    def score(self, answer: str, doc: dict) -> float: ...
+
+
+READINGS: dict[str, LmEvalReading] = {}  # by lm-eval task name, registered as its rows are read
+
+
+def _reading(example: Example) -> LmEvalReading:
+    task = example.row["lm_eval_task"]
+    if task not in READINGS:
+        raise SoftevalError(f"lm-eval task {task}: its answers are read only after its rows are (load the task's examples first)")
+    return READINGS[task]
 
 
 class LmEval(AnswerFormat):
@@ -39,22 +58,16 @@ class LmEval(AnswerFormat):
         return example
 
     def strict(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        from softeval.tasks.lm_eval import lm_eval_extract
-
-        answer = lm_eval_extract(example.row["lm_eval_task"], completion, example.row)
+        answer = _reading(example).extract(completion, example.row)
         return Reading(answer) if answer is not None else Reading.none("no_answer", "lm-eval's strict filter finds no answer")
 
     def lenient(self, completion: str, example: Example, *, cut: bool = False) -> Reading:
-        from softeval.tasks.lm_eval import lm_eval_extract
-
-        task = example.row["lm_eval_task"]
-        answer = lm_eval_extract(task, completion, example.row, flexible=True) or lm_eval_extract(task, completion, example.row)
+        reading = _reading(example)
+        answer = reading.extract(completion, example.row, flexible=True) or reading.extract(completion, example.row)
         if answer is None:
             lines = [line.strip() for line in completion.strip().splitlines() if line.strip()]
             answer = lines[-1].removesuffix(".").strip() if lines else None
         return Reading(answer) if answer else Reading.none("no_answer", "no answer in the completion")
 
     def is_correct(self, answer: str | None, example: Example) -> bool:
-        from softeval.tasks.lm_eval import lm_eval_scores
-
-        return answer is not None and lm_eval_scores(example.row["lm_eval_task"], answer, example.row) == 1.0
+        return answer is not None and _reading(example).score(answer, example.row) == 1.0

@@ -27,11 +27,13 @@ from __future__ import annotations
 import logging
 import random
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
 from softeval.errors import SoftevalError
 from softeval.formats import LETTERS
+from softeval.formats.lm_eval import READINGS
 
 PREFIX = "lm-eval:"
 # generation tasks whose answer format is known: by name, or by the start of the name
@@ -255,7 +257,8 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
     lm_eval_log.setLevel(logging.ERROR)  # its note on custom datasets is addressed to its own command line
     try:
         task = ConfigurableTask(config=config)
-        _TASKS[task_name] = task  # the `lm_eval` format scores answers by it
+        _TASKS[task_name] = task
+        READINGS[task_name] = _TaskReading(task_name)  # the `lm_eval` format reads answers by it
         process = task.config.process_docs
         docs = list(process(table) if process is not None else table)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
@@ -317,6 +320,19 @@ def _final_answer(target: str) -> str:
 # --- lm-eval's own reading of an answer (the `lm_eval` format) ---------------------------------------
 
 _TASKS: dict = {}  # lm-eval's task objects, by name, as `lm_eval_docs` last built them
+
+
+@dataclass(frozen=True)
+class _TaskReading:
+    """An lm-eval task's reading of answers, as the `lm_eval` format asks for it (`READINGS`)."""
+
+    task: str
+
+    def extract(self, completion: str, doc: dict, *, flexible: bool = False) -> str | None:
+        return lm_eval_extract(self.task, completion, doc, flexible=flexible)
+
+    def score(self, answer: str, doc: dict) -> float:
+        return lm_eval_scores(self.task, answer, doc)
 INVALID = "[invalid]"  # what lm-eval's regex filter gives where it finds no answer
 
 
