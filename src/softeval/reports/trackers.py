@@ -32,7 +32,9 @@ from pathlib import Path
 
 from softeval.analysis import PAIRED_METRICS, cell_flags, cell_key, cell_label, finished_cells
 from softeval.errors import SoftevalError
-from softeval.scoring import METRICS, EvalResult
+from softeval.scoring import GOLD_METRICS, METRICS, EvalResult
+
+LOGGED = (*METRICS, *GOLD_METRICS)  # a cell's metrics, then the gold answer's likelihood (where it has them)
 
 log = logging.getLogger("softeval")
 
@@ -159,7 +161,7 @@ def cell_metrics(cell: EvalResult) -> dict[str, float]:
     """A cell's metrics with their 95% intervals, and its rows; undefined values are left out."""
     prefix = cell_prefix(cell)
     logged: dict[str, float] = {f"{prefix}/n": len(cell.samples)}
-    for name in METRICS:
+    for name in LOGGED:
         metric = cell.metrics.get(name)
         if metric is None:
             continue
@@ -189,12 +191,12 @@ def _numbers(point: dict) -> dict[str, float]:
 
 def cells_table(cells: list[EvalResult]) -> Table:
     """One row a cell: where it is, its rows, each metric with its interval, and its flags."""
-    columns = ["model", "task", "method", "chat", "n"] + [f"{m}{s}" for m in METRICS for s in ("", "_ci_low", "_ci_high")] + ["flags"]
+    columns = ["model", "task", "method", "chat", "n"] + [f"{m}{s}" for m in LOGGED for s in ("", "_ci_low", "_ci_high")] + ["flags"]
     flags = cell_flags(cells)
     rows = []
     for cell in cells:
         model, task, method, chat = cell_key(cell)
-        values = [getattr(cell.metrics[m], a) if m in cell.metrics else None for m in METRICS for a in ("value", "ci_low", "ci_high")]
+        values = [getattr(cell.metrics[m], a) if m in cell.metrics else None for m in LOGGED for a in ("value", "ci_low", "ci_high")]
         rows.append([model, task, method, chat, len(cell.samples), *values, "; ".join(flags[id(cell)])])
     return Table(columns, rows)
 
