@@ -258,14 +258,14 @@ def test_lm_eval_format_scores_each_completion_as_lm_evals_own_strict_metric(nam
 
     from softeval.scoring import score_sample
     from softeval.tasks import load_examples, load_task
-    from softeval.tasks.lm_eval import _TASKS
+    from softeval.formats.lm_eval import READINGS
     from softeval.tasks.prompts import target_text
 
     _, _, (metric, strict), completions = PARITY[name]
     spec = load_task(f"lm-eval:{name}")
     assert spec.answer_format == "lm_eval" and spec.name == f"lm-eval-{name}"
     examples = load_examples(spec, spec.dataset.eval_split, parity_mirror)
-    task = _TASKS[name]
+    task = READINGS[name].task  # lm-eval's own task object, as softeval read the rows with it
     compared = 0
     for example in examples:
         doc = {k: v for k, v in example.row.items() if not k.startswith("lm_eval_")}

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from softeval.analysis.stats import CONFIDENCE, Estimate, bootstrap_p_value
+from softeval.analysis.stats import quantile_interval, resampled_p_value, row_counts
 
 AVERAGED = 3  # the checkpoint-averaged variant: the mean of this many latest checkpoints
 _DECIMALS = 12  # scores equal up to float noise tie, as they do on paper
@@ -84,8 +84,7 @@ def compare_decisions(
     n_rows = target.shape[1]
     draws = rng.integers(0, n_rows, size=(n_resamples, n_rows))
     # each draw as how often it takes each row: a resample's means are then one matrix product
-    counts = np.bincount((draws + n_rows * np.arange(n_resamples)[:, None]).ravel(), minlength=n_resamples * n_rows)
-    weights = counts.reshape(n_resamples, n_rows).T / n_rows  # (rows, resamples)
+    weights = row_counts(draws).T / n_rows  # (rows, resamples)
     target_point, target_boot = target.mean(axis=1), target @ weights
     found, boots = {}, {}
     for name, tables in predictors.items():
@@ -121,8 +120,7 @@ def decision_difference(compared: dict, first: str, among: Sequence[str]) -> dic
     resampled = _nanmean(boot_a) - best_each
     mean = _estimate(_minus(a["mean"]["value"], b["mean"]["value"]), resampled)
     excludes = mean["ci_low"] is not None and (mean["ci_low"] > 0 or mean["ci_high"] < 0)
-    defined = np.round(resampled[np.isfinite(resampled)], _DECIMALS)
-    p_value = bootstrap_p_value(defined) if mean["value"] is not None and defined.size else None
+    p_value = resampled_p_value(mean["value"], resampled)
     return {"first": first, "second": second, "among": len(among), "per_budget": per_budget, "mean": mean, "excludes_zero": excludes,
             "p_value": p_value}
 
@@ -157,11 +155,7 @@ def _minus(a: float | None, b: float | None) -> float:
 
 
 def _estimate(value: float, resampled: np.ndarray) -> dict:
-    """A value and its percentile interval over the defined resamples (bounds a resample had)."""
-    defined = resampled[np.isfinite(resampled)]
-    if not np.isfinite(value):
-        return Estimate(value=None, ci_low=None, ci_high=None).model_dump()
-    if not defined.size:
-        return Estimate(value=float(value), ci_low=None, ci_high=None).model_dump()
-    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
-    return Estimate(value=round(float(value), _DECIMALS), ci_low=round(float(low), _DECIMALS), ci_high=round(float(high), _DECIMALS)).model_dump()
+    """A value (NaN: undefined) and its interval (see `stats.quantile_interval`), rounded where
+    it has one, so that a value and a bound equal up to float noise compare equal."""
+    found = quantile_interval(float(value) if np.isfinite(value) else None, resampled).model_dump()
+    return found if found["ci_low"] is None else {key: round(v, _DECIMALS) for key, v in found.items()}

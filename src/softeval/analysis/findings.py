@@ -65,7 +65,7 @@ from pydantic import BaseModel
 from softeval.analysis.comparisons import LINE_UP_R, cell_flags, cell_key
 from softeval.analysis.ranking import MIN_FAMILIES, families
 from softeval.analysis.series import TRUE_KNOWLEDGE_TAU
-from softeval.analysis.stats import CONFIDENCE, holm, paired_difference
+from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts
 from softeval.scoring import MODELS_FILE, EvalResult
 
 Verdict = Literal["holds", "does not hold", "undetermined", "not applicable"]
@@ -291,8 +291,7 @@ def _curve_problem(curve: list[dict] | None) -> str | None:
 @lru_cache(maxsize=8)
 def _row_counts(n_rows: int) -> np.ndarray:
     """(N_RESAMPLES, n_rows): how often each validation row is drawn in each resample."""
-    draws = np.random.default_rng(0).integers(0, n_rows, size=(N_RESAMPLES, n_rows))
-    return np.stack([np.bincount(d, minlength=n_rows) for d in draws]).astype(float)
+    return row_counts(np.random.default_rng(0).integers(0, n_rows, size=(N_RESAMPLES, n_rows))).astype(float)
 
 
 # --- 3 and 4: paired differences -----------------------------------------------------------------

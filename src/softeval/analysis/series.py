@@ -27,7 +27,7 @@ from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
 from softeval.analysis.decisions import compare_decisions, decision_difference
-from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, resampled_p_value, scipy_point
+from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, quantile_interval, resampled_p_value, scipy_point
 from softeval.errors import SoftevalError
 from softeval.scoring import GOLD_METRICS, LOWER_IS_BETTER, SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
@@ -93,7 +93,7 @@ def decisions(
         value = decision_accuracy(chosen.mean(axis=1), target_means)
         boot = chosen[:, draws].mean(axis=2)
         resampled = np.array([decision_accuracy(boot[:, b], target_boot[:, b]) for b in range(n_resamples)], dtype=float)
-        result.append(Budget(budget=budget, checkpoints=latest, decision_accuracy=_interval(value, resampled)))
+        result.append(Budget(budget=budget, checkpoints=latest, decision_accuracy=quantile_interval(value, resampled)))
     return result
 
 
@@ -157,15 +157,6 @@ def signal_to_noise(final_scores: Sequence[float], noises: Sequence[float | None
     if len(final_scores) < 2 or not known or np.mean(known) == 0:
         return None
     return float((max(final_scores) - min(final_scores)) / np.mean(known))
-
-
-def _interval(value: float | None, resampled: np.ndarray) -> Estimate:
-    defined = resampled[~np.isnan(resampled)]
-    if value is None or not len(defined):
-        return Estimate(value=value, ci_low=None, ci_high=None)
-    # bounds are values some resample had (no interpolation between two)
-    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
-    return Estimate(value=value, ci_low=float(low), ci_high=float(high))
 
 
 # --- a folder's series ------------------------------------------------------------------------------
@@ -330,7 +321,7 @@ def _predictors(series: dict, cells: dict, task: str, methods: list[str], rows: 
     ranked = sorted(compared["predictors"], key=lambda name: 1 if mean(name) is None else -mean(name))  # best first, n/a last
     soft = "soft-prompt / task_accuracy"
     differences = []
-    defined = [name for name in ranked if compared["predictors"][name]["mean"]["value"] is not None]
+    defined = [name for name in ranked if mean(name) is not None]
     if soft in defined:
         # raw against raw: the soft prompt's own checkpoint-averaged variant is a predictor apart
         raw = [name for name in defined if name != soft and "(mean of last" not in name]
@@ -370,7 +361,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
             boot = table[:, draws].mean(axis=2)
             value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
-            agreement[method][metric] = _interval(value, resampled).model_dump() | {"p_value": resampled_p_value(value, resampled, TRUE_KNOWLEDGE_TAU)}
+            agreement[method][metric] = quantile_interval(value, resampled).model_dump() | {"p_value": resampled_p_value(value, resampled, TRUE_KNOWLEDGE_TAU)}
     return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
 
 
@@ -451,4 +442,4 @@ def _curve(table: np.ndarray, n_resamples: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, table.shape[1], size=(n_resamples, table.shape[1]))
     boot = table[:, draws].mean(axis=2)
-    return [_interval(float(table[k].mean()), boot[k]).model_dump() for k in range(len(table))]
+    return [quantile_interval(float(table[k].mean()), boot[k]).model_dump() for k in range(len(table))]

@@ -292,12 +292,27 @@ def _resampled_means(tables: Sequence[np.ndarray], n_resamples: int, rng: np.ran
         parts = []
         for start in range(0, n_resamples, chunk):
             size = min(chunk, n_resamples - start)
-            draws = rng.integers(0, n_rows, size=(size, n_rows))
-            flat = (draws + n_rows * np.arange(size)[:, None]).ravel()
-            counts = np.bincount(flat, minlength=size * n_rows).reshape(size, n_rows)
+            counts = row_counts(rng.integers(0, n_rows, size=(size, n_rows)))
             parts.append(table @ counts.T / n_rows)
         means.append(np.concatenate(parts, axis=1))
     return means
+
+
+def row_counts(draws: np.ndarray) -> np.ndarray:
+    """(resamples, rows): how often each resample's draw of row indices takes each row."""
+    size, n_rows = draws.shape
+    flat = (draws + n_rows * np.arange(size)[:, None]).ravel()
+    return np.bincount(flat, minlength=size * n_rows).reshape(size, n_rows)
+
+
+def quantile_interval(value: float | None, resampled: np.ndarray) -> Estimate:
+    """A value and the 95% interval of its resamples where they are defined (not NaN), its bounds
+    values some resample had (no interpolation between two); no interval where none is defined."""
+    defined = resampled[~np.isnan(resampled)]
+    if value is None or not len(defined):
+        return Estimate(value=value, ci_low=None, ci_high=None)
+    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
+    return Estimate(value=value, ci_low=float(low), ci_high=float(high))
 
 
 def _estimate(value: float | None, boot: np.ndarray) -> Estimate:

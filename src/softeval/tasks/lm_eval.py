@@ -257,8 +257,7 @@ def lm_eval_docs(task_name: str, split: str, rows: list[tuple[dict, str]]) -> li
     lm_eval_log.setLevel(logging.ERROR)  # its note on custom datasets is addressed to its own command line
     try:
         task = ConfigurableTask(config=config)
-        _TASKS[task_name] = task
-        READINGS[task_name] = _TaskReading(task_name)  # the `lm_eval` format reads answers by it
+        READINGS[task_name] = _TaskReading(task)  # the `lm_eval` format reads answers by it
         process = task.config.process_docs
         docs = list(process(table) if process is not None else table)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - lm-eval's task set-up and its processing raise many kinds
@@ -282,7 +281,7 @@ def _computed(task, doc: dict) -> dict:
     if task.config.output_type != "multiple_choice":
         targets = target if isinstance(target, list) else [target]
         targets = [str(t).strip() for t in targets]
-        written, right = strict_target(task.config.task, doc, targets[0])
+        written, right = strict_target(task, doc, targets[0])
         return {"lm_eval_text": text, "lm_eval_target": targets[0], "lm_eval_answer": _final_answer(targets[0]), "lm_eval_aliases": targets,
                 "lm_eval_task": task.config.task, "lm_eval_strict_target": written, "lm_eval_right_answer": right}
     choices = [str(c) for c in task.doc_to_choice(doc)]
@@ -319,20 +318,20 @@ def _final_answer(target: str) -> str:
 
 # --- lm-eval's own reading of an answer (the `lm_eval` format) ---------------------------------------
 
-_TASKS: dict = {}  # lm-eval's task objects, by name, as `lm_eval_docs` last built them
-
-
 @dataclass(frozen=True)
 class _TaskReading:
-    """An lm-eval task's reading of answers, as the `lm_eval` format asks for it (`READINGS`)."""
+    """An lm-eval task's reading of answers, as the `lm_eval` format asks for it (`READINGS`):
+    lm-eval's task object, as `lm_eval_docs` last built it."""
 
-    task: str
+    task: object  # lm_eval.api.task.ConfigurableTask
 
     def extract(self, completion: str, doc: dict, *, flexible: bool = False) -> str | None:
-        return lm_eval_extract(self.task, completion, doc, flexible=flexible)
+        return lm_eval_extract(self.task.config.task, completion, doc, flexible=flexible)
 
     def score(self, answer: str, doc: dict) -> float:
         return lm_eval_scores(self.task, answer, doc)
+
+
 INVALID = "[invalid]"  # what lm-eval's regex filter gives where it finds no answer
 
 
@@ -389,12 +388,11 @@ def lm_eval_extract(task_name: str, completion: str, doc: dict, *, flexible: boo
     return None if answer is None or str(answer) == INVALID or not str(answer).strip() else str(answer)
 
 
-def lm_eval_scores(task_name: str, answer: str, doc: dict) -> float:
-    """lm-eval's own score of an extracted answer, by its `process_results` and the first metric
-    of its `metric_list` (exact match with its options, or the task's own scoring)."""
-    task = _TASKS.get(task_name)
-    if task is None:
-        raise SoftevalError(f"lm-eval task {task_name} scores answers only after its rows are read; load the task's examples first")
+def lm_eval_scores(task, answer: str, doc: dict) -> float:
+    """lm-eval's own score of an extracted answer by its task object, through its
+    `process_results` and the first metric of its `metric_list` (exact match with its options, or
+    the task's own scoring)."""
+    task_name = task.config.task
     first = _first_metric(_config(task_name))  # the metric `_scored_by_lm_eval` found right or wrong
     scored = task.process_results(doc, [answer])
     if first not in scored:
@@ -402,19 +400,21 @@ def lm_eval_scores(task_name: str, answer: str, doc: dict) -> float:
     return float(scored[first])
 
 
-def strict_target(task_name: str, doc: dict, target: str) -> tuple[str, str]:
+def strict_target(task, doc: dict, target: str) -> tuple[str, str]:
     """(written, answer): a right answer, and its text as lm-eval's strict filter reads it back as
     right. The answer is lm-eval's target, else (where lm-eval's own scoring does not take its
     target as right: DROP's joins the keys of its answer) the first text of the row it does; it
     is written as it is, else in the phrasings chain-of-thought tasks end with ("The answer is
-    6."), the first that lm-eval's filter and scoring accept. The target itself where none does."""
+    6."), the first that lm-eval's filter and scoring accept. The target itself where none does.
+    `task` is lm-eval's task object."""
+    task_name = task.config.task
     if not _scored_by_lm_eval(_config(task_name)):
         return target, target
     for answer in dict.fromkeys([target, *_texts(doc)]):
         for text in (answer, f"The answer is {answer}.", f"the answer is {answer}.", f"So the answer is {answer}.", f"#### {answer}"):
             try:
                 read = lm_eval_extract(task_name, text, doc)
-                right = read is not None and lm_eval_scores(task_name, read, doc) == 1.0
+                right = read is not None and lm_eval_scores(task, read, doc) == 1.0
             except Exception:  # noqa: BLE001 - a task's own scoring may refuse a phrasing: try the next
                 right = False
             if right:
