@@ -73,8 +73,9 @@ from transformers import AttentionInterface  # noqa: E402
 from softeval import load_examples, load_model, load_task  # noqa: E402
 from softeval.engine import Engine, ReferenceEngine
 from softeval.engine.attention import NAME, stacked_gqa_sdpa
-from softeval.engine.forward import _argmax_by_vocab_chunks
-from softeval.engine.selfcheck import check_model, forget_verdicts
+from softeval.engine.forward import TOKEN_BUDGET, _argmax_by_vocab_chunks
+from softeval.engine.reference import GENERATION_ROWS
+from softeval.engine.selfcheck import check_model, forget_verdicts, reference_batching
 from softeval.models import prepare_alias  # noqa: E402
 from softeval.scoring import score_sample  # noqa: E402
 from softeval.tasks import PromptBuilder, choose_demos, tuning_target  # noqa: E402
@@ -474,25 +475,85 @@ def bench_self_check(lm, runs: int) -> dict:
     return {"mode": "self-check", "softeval_s": statistics.median(seconds), "runs_s": seconds, "path": verdict.path, "figures": figures}
 
 
+def reference_engines(lm) -> dict[str, ReferenceEngine]:
+    """The reference path with its rows batched as the self-check's batching verdict on the
+    model allows, and one row at a time."""
+    allowed = reference_batching(lm)
+    batched = ReferenceEngine(lm, scoring_rows=TOKEN_BUDGET if allowed["scoring"] else 1,
+                              generation_rows=GENERATION_ROWS if allowed["generation"] else 1, shares_contexts=allowed["shared_contexts"])
+    return {"batched": batched, "one row": ReferenceEngine(lm)}
+
+
 def bench_paths(lm, data_dir: Path, mc_rows: int, gen_rows: int) -> list[dict]:
-    """The fast path and the reference path on the same rows: ARC-Easy option scoring and GSM8K
-    generation (256 new tokens at most)."""
+    """The fast path and the reference path, batched and one row at a time, on the same rows:
+    ARC-Easy option scoring and GSM8K generation (256 new tokens at most)."""
     spec = load_task("arc_easy")
     builder = PromptBuilder(spec, lm)
     clozes = [builder.cloze(e) for e in load_examples(spec, "test", data_dir)[:mc_rows]]
-    (fast_s, fast), (reference_s, reference) = (_timed_result(lambda: engine.loglikelihood(clozes)) for engine in (Engine(lm), ReferenceEngine(lm)))
-    worst = max(abs(a - b) for x, y in zip(fast, reference) for a, b in zip(x, y))
-    rows = [{"mode": "paths mc-loglikelihood arc_easy", "rows": mc_rows, "softeval_s": fast_s, "reference_s": reference_s,
-             "agreement": f"largest difference {worst:.1e} nats", "agree_ok": worst < 1e-3}]
+    engines = {"fast": Engine(lm), **reference_engines(lm)}
+    runs = {path: _timed_result(lambda: engine.loglikelihood(clozes)) for path, engine in engines.items()}
+    rows = [_paths_row("paths mc-loglikelihood arc_easy", mc_rows, runs, _largest_difference)]
     spec = load_task("gsm8k")
     builder = PromptBuilder(spec, lm, reserve=spec.max_new_tokens)
     prompts = [builder.generation(e).ids for e in load_examples(spec, spec.dataset.eval_split, data_dir)[:gen_rows]]
-    (fast_s, fast), (reference_s, reference) = (
-        _timed_result(lambda: engine.generate(prompts, spec.stop, spec.max_new_tokens)) for engine in (Engine(lm), ReferenceEngine(lm))
-    )
-    same = sum(a.tokens == b.tokens for a, b in zip(fast, reference)) / len(prompts)
-    rows.append({"mode": "paths generation gsm8k", "rows": gen_rows, "softeval_s": fast_s, "reference_s": reference_s,
-                 "agreement": f"identical {100 * same:.1f}%", "agree_ok": same == 1.0})
+    runs = {path: _timed_result(lambda: engine.generate(prompts, spec.stop, spec.max_new_tokens)) for path, engine in engines.items()}
+    rows.append(_paths_row("paths generation gsm8k", gen_rows, runs, _identical_share))
+    return rows
+
+
+def _paths_row(mode: str, n: int, runs: dict[str, tuple[float, object]], agreement) -> dict:
+    """One row of the paths part: each path's time, and how each agrees with the first."""
+    (first, (first_s, expected)), *others = runs.items()
+    agreements = {path: agreement(expected, got) for path, (_, got) in others}
+    return {"mode": mode, "rows": n, "paths_s": {path: seconds for path, (seconds, _) in runs.items()}, "baseline": first,
+            "agreement": "; ".join(f"{path} {text}" for path, (text, _) in agreements.items()),
+            "agree_ok": all(ok for _, ok in agreements.values())}
+
+
+def _largest_difference(expected: list[list[float]], got: list[list[float]]) -> tuple[str, bool]:
+    worst = max(abs(a - b) for x, y in zip(expected, got) for a, b in zip(x, y))
+    return f"largest difference {worst:.1e} nats", worst < 1e-3
+
+
+def _identical_share(expected, got) -> tuple[str, bool]:
+    same = sum(a.tokens == b.tokens for a, b in zip(expected, got)) / len(expected)
+    return f"identical {100 * same:.1f}%", same == 1.0
+
+
+# A tiny model of each class of architecture the reference path serves (the conformance suite's
+# configs, tests/architectures.py), and one the fast path serves, for the classes table.
+CLASSES = {"attention": "llama", "ALiBi": "bloom", "multi-head latent attention": "deepseek_v3", "state-space": "mamba2",
+           "state-space (Mamba)": "mamba", "hybrid (attention + Mamba-2)": "falcon_h1", "hybrid (Mamba + attention)": "jamba",
+           "hybrid (convolution + attention)": "lfm2"}
+
+
+def bench_classes(tokenizer_model: str, data_dir: Path, mc_rows: int, gen_rows: int, new_tokens: int = 32) -> list[dict]:
+    """Per class of architecture, a tiny random model of it on each path it can take (the fast
+    one where its self-check passes, the reference path batched where the check allows and one
+    row at a time): ARC-Easy option scoring and greedy generation from ARC-Easy prompts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from architectures import loaded  # the conformance suite's tiny configs
+
+    tokenizer = load_model(tokenizer_model, device="cpu").tokenizer
+    rows = []
+    for kind, arch in CLASSES.items():
+        lm = loaded(arch, tokenizer)
+        verdict = check_model(lm)
+        spec = load_task("arc_easy")
+        examples = load_examples(spec, "test", data_dir)
+        builder = PromptBuilder(spec, lm)
+        clozes = [builder.cloze(e) for e in examples[:mc_rows]]
+        prompts = [builder.generation(e).ids for e in examples[:gen_rows]]
+        engines = {"fast": Engine(lm)} if verdict.path == "fast" else {}
+        engines |= reference_engines(lm)
+        batched = engines["batched"]
+        on = (f"{kind} ({arch}, {verdict.path} path; reference rows: scoring {batched.scoring_rows > 1}, shared contexts "
+              f"{batched.shares_contexts}, generation {batched.generation_rows > 1})")
+        runs = {path: _timed_result(lambda: engine.loglikelihood(clozes)) for path, engine in engines.items()}
+        rows.append(_paths_row(f"classes scoring {on}", mc_rows, runs, _largest_difference))
+        if batched.generation_rows > 1:
+            runs = {path: _timed_result(lambda: engine.generate(prompts, [], new_tokens)) for path, engine in engines.items()}
+            rows.append(_paths_row(f"classes generation {on}", gen_rows, runs, _identical_share))
     return rows
 
 
@@ -591,6 +652,8 @@ def main() -> None:
         if "paths" in parts:
             rows.append(bench_self_check(lm, args.checks))
             rows += bench_paths(lm, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
+        if "classes" in parts:
+            rows += bench_classes(name, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
         if "protocol" in parts:
             del lm  # the runs load the model themselves
             rows.append(bench_protocol(name, args.data_dir, args.protocol_steps, args.protocol_trivia_rows, args.protocol_arc_rows))
@@ -605,12 +668,14 @@ def main() -> None:
             if "ceiling_gflops" in row:
                 row["ceiling_share"] = row["ceiling_gflops"] / peak
                 row["bound_share"] = row["bound_gflops"] / peak
-            line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s"
+            line = f"{name:24s} {row['mode']:28s} softeval {row['softeval_s']:8.2f} s" if "softeval_s" in row else ""
             if "runs_s" in row:
                 line += f" (runs {', '.join(f'{s:.2f}' for s in row['runs_s'])} s) | {row['path']} path | {row['figures']}"
-            if "reference_s" in row:
-                line += (f" | reference path {row['reference_s']:8.2f} s | {row['reference_s'] / row['softeval_s']:.2f}x the time"
-                         f" | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]")
+            if "paths_s" in row:
+                base = row["paths_s"][row["baseline"]]
+                line = f"{name:24s} {row['mode']:28s} " + " | ".join(
+                    f"{path} {seconds:7.2f} s ({seconds / base:.2f}x)" for path, seconds in row["paths_s"].items())
+                line += f" | {row['agreement']} [{'ok' if row['agree_ok'] else 'MISMATCH'}]"
             if "lm_eval_s" in row:
                 rounds = row["round_speedups"]
                 each = f" (rounds {', '.join(f'{r:.2f}x' for r in rounds)})" if len(rounds) > 1 else ""

@@ -92,6 +92,43 @@ def _mamba(vocab, special):
     )
 
 
+def _mamba2(vocab, special):
+    return transformers.Mamba2Config(
+        vocab_size=vocab, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4, num_heads=8, head_dim=16,
+        n_groups=1, initializer_range=INIT, **special,
+    )
+
+
+def _falcon_h1(vocab, special):
+    # a hybrid: attention and Mamba-2 heads side by side in every layer
+    return transformers.FalconH1Config(
+        **_llama_like(vocab, special), head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+        mamba_n_groups=1, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16,
+    )
+
+
+def _jamba(vocab, special):
+    # a hybrid: Mamba layers and attention layers in turn
+    return transformers.JambaConfig(
+        **_llama_like(vocab, special), num_experts=2, num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1,
+        attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+    )
+
+
+def _lfm2(vocab, special):
+    # a hybrid: short gated convolutions and attention layers
+    return transformers.Lfm2Config(**_llama_like(vocab, special), layer_types=["conv", "full_attention"], conv_L_cache=3)
+
+
+def _deepseek_v3(vocab, special):
+    # multi-head latent attention: keys and values expand from a compressed latent, one per query head
+    return transformers.DeepseekV3Config(
+        **(_llama_like(vocab, special) | {"num_key_value_heads": 4}), kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        moe_intermediate_size=32, first_k_dense_replace=1,
+    )
+
+
 def _recurrent_gemma(vocab, special):
     return transformers.RecurrentGemmaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -153,6 +190,11 @@ ARCHITECTURES: dict[str, Callable[[int, dict], object]] = {
     "starcoder2": _plain("Starcoder2Config", sliding_window=WINDOW),
     "smollm3": _plain("SmolLM3Config", no_rope_layer_interval=2),
     "mamba": _mamba,
+    "mamba2": _mamba2,
+    "falcon_h1": _falcon_h1,
+    "jamba": _jamba,
+    "lfm2": _lfm2,
+    "deepseek_v3": _deepseek_v3,
     "recurrent_gemma": _recurrent_gemma,
 }
 
@@ -178,8 +220,24 @@ REFERENCE_PATH = {
     "bloom": "ALiBi position biases",
     "mpt": "ALiBi position biases",
     "mamba": "no attention heads",
+    "mamba2": "no attention heads",
+    "falcon_h1": "LinearAttentionAndFullAttentionLayer layers",
+    "jamba": "LinearAttentionLayer layers",
+    "lfm2": "LinearAttentionLayer layers",
+    "deepseek_v3": "the fast path failed on the probe",
     "recurrent_gemma": "LinearAttentionLayer layers",
 }
+
+# Reference-path models whose rows the self-check sends one at a time through generation (left
+# padding changes a Mamba layer's convolution state); every other reference-path model batches
+# both scoring and generation.
+ONE_ROW_GENERATION = {"mamba": "greedy tokens"}
+
+# Reference-path models whose option scoring runs each context and option as one row, where
+# encoding a context once and continuing its options from copies of its cache is not what the
+# model computes alone (Jamba's Mamba layers take no several tokens after a cache), not possible
+# (RecurrentGemma hands back no cache) or not checked (Mamba: left padding already failed).
+WHOLE_ROW_SCORING = {"mamba": "", "jamba": "option log-likelihoods", "recurrent_gemma": "no attribute 'cache'"}
 
 
 def loaded(name: str, tokenizer, seed: int = 0):

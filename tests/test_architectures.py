@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from architectures import ARCHITECTURES, REFERENCE_PATH, build_model, loaded
+from architectures import ARCHITECTURES, ONE_ROW_GENERATION, REFERENCE_PATH, WHOLE_ROW_SCORING, build_model, loaded
 from conftest import SHARED, TEXTS
 from softeval.engine import Engine, ReferenceEngine, start_engine
 from softeval.engine.selfcheck import check_model
@@ -85,6 +85,11 @@ def test_the_self_check_chooses_the_expected_path(arch):
     if verdict.path == "fast":  # every figure was measured, and within the tolerance
         assert set(verdict.figures) >= {"next_token_logprob", "greedy_margin", "option_logprob_per_token", "loss_per_token"}
         assert max(v for k, v in verdict.figures.items() if k != "greedy_tokens") <= verdict.tolerance
+    else:  # rows batched where the check measured them as alone, else one at a time, saying why
+        assert verdict.batched == {"scoring": True, "generation": name not in ONE_ROW_GENERATION, "shared_contexts": name not in WHOLE_ROW_SCORING}
+        assert (engine.scoring_rows > 1, engine.generation_rows > 1) == (True, name not in ONE_ROW_GENERATION)
+        assert engine.shares_contexts == (name not in WHOLE_ROW_SCORING)
+        assert ONE_ROW_GENERATION.get(name, "") in verdict.batch_reason and WHOLE_ROW_SCORING.get(name, "") in verdict.batch_reason
 
 
 def test_greedy_tokens_equal_generate_while_pooled(arch):
@@ -103,6 +108,30 @@ def test_option_loglikelihoods_equal_a_full_forward(arch):
     for cloze, scores in zip(clozes, got):
         expected = [_full_forward_logprob(lm, cloze.context_ids, option, soft) for option in cloze.continuation_ids]
         assert scores == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_PATH))
+def test_the_reference_path_batches_rows_as_if_each_ran_alone(name, tokenizer):
+    """Rows of different lengths, batched where the self-check allows it, give each row's
+    results alone: greedy completions that end at different steps (a row leaves its batch as it
+    ends) and option log-likelihoods. The engine records the largest batch it ran."""
+    lm = loaded(name, tokenizer)
+    soft = lm.model.get_input_embeddings()(torch.tensor([11, 222, 3333])).detach()
+    prompts = [lm.encode(SHARED + text) for text in TEXTS]
+    alone = ReferenceEngine(lm, soft_prompt=soft)
+    # stop strings taken from the rows' own completions, so that rows end at different steps
+    first = alone.generate(prompts, [], NEW_TOKENS)
+    stops = [text for r, c in enumerate(first[:3]) if (text := lm.tokenizer.decode(c.tokens[r + 2 :][:1])).strip()]
+    expected = alone.generate(prompts, stops, NEW_TOKENS)
+    assert len({len(c.tokens) for c in expected}) > 1, "the probe's rows should end at different steps"
+    engine = start_engine(lm, soft_prompt=soft)
+    got = engine.generate(prompts, stops, NEW_TOKENS)
+    assert [(c.tokens, c.text, c.stop_reason) for c in got] == [(c.tokens, c.text, c.stop_reason) for c in expected]
+    assert engine.largest_batch == (1 if name in ONE_ROW_GENERATION else len(prompts))
+    clozes = [Cloze(prompt, [lm.encode(o) for o in OPTIONS]) for prompt in prompts]
+    scores = engine.loglikelihood(clozes)
+    assert [s for row in scores for s in row] == pytest.approx([s for row in alone.loglikelihood(clozes) for s in row], abs=1e-4)
+    assert engine.largest_batch > 1
 
 
 def test_tuning_loss_and_gradient_equal_a_plain_cross_entropy(arch):

@@ -46,17 +46,18 @@ class SharedPrefix:
     positions: torch.Tensor  # (1, positions)
 
 
-def cut_batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int) -> list[list[int]]:
+def cut_batches(order: list[int], widths: Sequence[int], batch_size: int, token_budget: int, slack: float | None = None) -> list[list[int]]:
     """`order` cut into consecutive batches of at most `batch_size` rows whose rows x widest row
-    stays within `token_budget`, and whose padding costs at most PADDING_SLACK of their tokens;
-    a row wider than the budget goes alone."""
+    stays within `token_budget`, and whose padding costs at most `slack` (default PADDING_SLACK)
+    of their tokens; a row wider than the budget goes alone."""
+    slack = PADDING_SLACK if slack is None else slack
     batches: list[list[int]] = []
     batch: list[int] = []
     widest = tokens = 0
     for i in order:
         grown = max(widest, widths[i])
         padded = (len(batch) + 1) * grown
-        too_wide = padded > token_budget or padded > (1 + PADDING_SLACK) * (tokens + widths[i])
+        too_wide = padded > token_budget or padded > (1 + slack) * (tokens + widths[i])
         if batch and (len(batch) == batch_size or too_wide):
             batches.append(batch)
             batch, grown, tokens = [], widths[i], 0

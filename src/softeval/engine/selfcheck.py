@@ -18,9 +18,12 @@ padding), behind a soft prompt. Compared against the model's own forward (`softe
 Where any differs by more than the dtype's tolerance, where the fast path fails on the probe, or
 where the model has parts it does not know (no attention heads, ALiBi position biases,
 state-space or linear-attention layers, another attention kernel than SDPA or eager), the model
-runs on the reference path and
-one log line says why. Every result records the verdict and its figures (`results.json`'s
-`engine`). A verdict is kept per model and per set of module types (a model with LoRA layers
+runs on the reference path and one log line says why. There the same probe runs once more, its
+rows batched as the reference path batches them (scoring padded on the right, generation padded
+on the left with a mask), against each row alone: rows share forward passes only where their
+results are those they have alone, within the tolerance; scoring and generation are judged
+apart (left padding changes a Mamba layer's state; right padding changes nothing). Every result
+records the verdict and its figures (`results.json`'s `engine`). A verdict is kept per model and per set of module types (a model with LoRA layers
 injected is checked again), so later engines on the same model cost nothing.
 """
 
@@ -35,7 +38,8 @@ import torch
 from transformers import DynamicCache
 
 from softeval.engine.fast import Engine
-from softeval.engine.reference import ReferenceEngine
+from softeval.engine.forward import TOKEN_BUDGET
+from softeval.engine.reference import GENERATION_ROWS, ReferenceEngine
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.tasks import Cloze
@@ -86,6 +90,11 @@ class Verdict:
     dtype: str = ""
     device: str = ""
     seconds: float = 0.0
+    # on the reference path: whether rows share forward passes in scoring and in generation,
+    # why not where they do not, and the largest differences batching showed
+    batched: dict = field(default_factory=dict)
+    batch_reason: str = ""
+    batch_figures: dict = field(default_factory=dict)
 
     def record(self) -> dict:
         return asdict(self)
@@ -101,7 +110,10 @@ def start_engine(lm: LoadedModel, *, soft_prompt: torch.Tensor | None = None, ba
     if verdict.path == "fast":
         engine: Engine | ReferenceEngine = Engine(lm, batch_size=batch_size, soft_prompt=soft_prompt)
     else:
-        engine = ReferenceEngine(lm, soft_prompt=soft_prompt)
+        scoring_rows = (batch_size or TOKEN_BUDGET) if verdict.batched.get("scoring") else 1
+        generation_rows = (batch_size or GENERATION_ROWS) if verdict.batched.get("generation") else 1
+        engine = ReferenceEngine(lm, soft_prompt=soft_prompt, scoring_rows=scoring_rows, generation_rows=generation_rows,
+                                 shares_contexts=verdict.batched.get("shared_contexts", False))
     engine.check = verdict.record()
     return engine
 
@@ -116,10 +128,18 @@ def check_model(lm: LoadedModel) -> Verdict:
     if signature not in known:
         verdict = known[signature] = _check(lm)
         if verdict.path == "reference":
-            log.warning("%s runs on the reference path (its own forward, one sequence at a time; slower): %s", lm.name, verdict.reason)
+            log.warning("%s runs on the reference path (its own forward; slower): %s; %s", lm.name, verdict.reason, _batching_line(verdict))
         else:
             log.info("%s: the fast path matches the model's own forward (self-check %.2f s)", lm.name, verdict.seconds)
     return known[signature]
+
+
+def reference_batching(lm: LoadedModel) -> dict:
+    """How the reference path would batch rows of `lm` ({"scoring", "generation",
+    "shared_contexts"}), measured as for a model the self-check sends there, whichever path
+    `lm` takes: for running a fast-path model on the reference path, as the benchmarks do."""
+    parameter = next(lm.model.parameters())
+    return _batching(lm, _Probe.of(lm), TOLERANCES.get(parameter.dtype, TOLERANCES[torch.bfloat16]))[0]
 
 
 def forget_verdicts(model) -> None:
@@ -162,26 +182,121 @@ def _check(lm: LoadedModel) -> Verdict:
     where = {"tolerance": tolerance, "dtype": str(parameter.dtype).removeprefix("torch."), "device": str(parameter.device)}
     started = time.perf_counter()
     probe = _Probe.of(lm)
-    reference = ReferenceEngine(lm, soft_prompt=probe.soft)
+    verdict = _path_verdict(lm, probe, tolerance, where)
+    if verdict.path == "reference":
+        verdict.batched, verdict.batch_reason, verdict.batch_figures = _batching(lm, probe, tolerance)
+    verdict.seconds = _since(started)
+    return verdict
+
+
+def _path_verdict(lm: LoadedModel, probe: _Probe, tolerance: float, where: dict) -> Verdict:
+    """The fast path's verdict: the reference path where the model has parts the fast path
+    does not know, where it fails on the probe, or where any figure exceeds the tolerance."""
+    # the model's own forward on every row of the probe in one right-padded pass (causal: as alone)
+    reference = ReferenceEngine(lm, soft_prompt=probe.soft, scoring_rows=len(probe.prompts) + len(probe.pairs))
     unsupported = fast_path_unsupported(lm.model)
     if unsupported:
         _on_reference(lm, lambda: reference.last_logits(probe.prompts[0], 1))  # the path it will run on can
-        return Verdict("reference", unsupported, seconds=_since(started), **where)
+        return Verdict("reference", unsupported, **where)
     try:
         got = _fast(Engine(lm, soft_prompt=probe.soft), probe)
     except torch.cuda.OutOfMemoryError:
         raise  # a full device says nothing of the fast path: no verdict is kept
     except Exception as exc:  # noqa: BLE001 - the fast path failing on a model is a verdict, not an error
         _on_reference(lm, lambda: reference.last_logits(probe.prompts[0], 1))
-        reason = f"the fast path failed on the probe ({type(exc).__name__}: {_first_line(exc)})"
-        return Verdict("reference", reason, seconds=_since(started), **where)
+        return Verdict("reference", f"the fast path failed on the probe ({type(exc).__name__}: {_first_line(exc)})", **where)
     figures = _compare(probe, _on_reference(lm, lambda: _reference(reference, probe, got.greedy)), got)
     failed = [name for name in LABELS if not figures[name] <= tolerance]  # NaN fails too
     if failed:
         name = failed[0]
         reason = f"the fast path's {LABELS[name]} differ from the model's own forward by {figures[name]:.3g} nats (tolerance {tolerance:g})"
-        return Verdict("reference", reason, figures, seconds=_since(started), **where)
-    return Verdict("fast", "every probe within tolerance", figures, seconds=_since(started), **where)
+        return Verdict("reference", reason, figures, **where)
+    return Verdict("fast", "every probe within tolerance", figures, **where)
+
+
+# the figures that judge each kind of batch on the reference path
+BATCHED_FIGURES = {"scoring": ("option_logprob_per_token", "loss_per_token"), "generation": ("next_token_logprob", "greedy_margin")}
+
+
+def _batching(lm: LoadedModel, probe: _Probe, tolerance: float) -> tuple[dict, str, dict]:
+    """Whether the reference path may batch rows on this model: the probe's rows run together
+    (of different lengths, so padded) against each row alone, generation first, then scoring,
+    with each context encoded once where generation's left padding passed, else (or where that
+    fails) each context and option as one right-padded row. Returns {"generation": bool,
+    "scoring": bool, "shared_contexts": bool}, why rows run alone where they do, and the
+    figures measured."""
+    alone = ReferenceEngine(lm, soft_prompt=probe.soft)
+    rows = {"scoring_rows": len(probe.pairs), "generation_rows": len(probe.prompts)}
+    got = _Measures(torch.empty(0), [[] for _ in probe.prompts], [], 0.0)
+    generation = _measured_together(ReferenceEngine(lm, soft_prompt=probe.soft, **rows), probe, got, _generated_together)
+    expected = _reference(alone, probe, got.greedy)
+    figures: dict = {}
+    failures = {}
+    if isinstance(generation, str):
+        failures["generation"] = generation
+    else:
+        figures |= {"next_token_logprob": _likeliest_difference(expected.next_token, got.next_token),
+                    "greedy_margin": _greedy_margin(probe, expected, got)}
+        failures |= _beyond(figures, "generation", tolerance)
+    for shares in ([False] if "generation" in failures else [True, False]):
+        engine = ReferenceEngine(lm, soft_prompt=probe.soft, shares_contexts=shares, **rows)
+        why = _measured_together(engine, probe, got, _scored_together)
+        if why is None:
+            lengths = [len(option) for _, option in probe.pairs]
+            n_targets = sum(len(target) for _, target in probe.targets(got.greedy))
+            figures |= {"option_logprob_per_token": _largest([abs(e - g) / n for e, g, n in zip(expected.options, got.options, lengths)]),
+                        "loss_per_token": abs(expected.loss - got.loss) / n_targets}
+            why = _beyond(figures, "scoring", tolerance).get("scoring")
+        if why is None:
+            break
+        # a shared-context failure is said even where scoring then passes with whole rows
+        failures["shared contexts" if shares else "scoring"] = why
+    batched = {kind: kind not in failures for kind in BATCHED_FIGURES} | {"shared_contexts": shares and "scoring" not in failures}
+    return batched, "; ".join(f"{kind}: {why}" for kind, why in failures.items()), figures
+
+
+def _measured_together(engine: ReferenceEngine, probe: _Probe, got: _Measures, measure) -> str | None:
+    """`measure(engine, probe, got)`; why it failed, if it did."""
+    try:
+        measure(engine, probe, got)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model whose forward cannot batch runs rows alone
+        return f"its forward fails on rows together ({type(exc).__name__}: {_first_line(exc)})"
+    return None
+
+
+def _beyond(figures: dict, kind: str, tolerance: float) -> dict[str, str]:
+    """{kind: why} where a figure judging that kind of batch exceeds the tolerance."""
+    worst = next((name for name in BATCHED_FIGURES[kind] if not figures[name] <= tolerance), None)
+    if worst is None:
+        return {}
+    return {kind: f"rows together differ from rows alone in {LABELS[worst]} by {figures[worst]:.3g} nats (tolerance {tolerance:g})"}
+
+
+@torch.inference_mode()
+def _generated_together(engine: ReferenceEngine, probe: _Probe, got: _Measures) -> None:
+    """The probe's prompts as the reference path generates from them in a batch: left-padded
+    next-token log-probabilities and greedy tokens."""
+    got.next_token = engine.next_token_logprobs(probe.prompts).float().cpu()[None]
+    got.greedy = [_tokens_with_end(c) for c in engine.generate(probe.prompts, [], PROBE_NEW_TOKENS)]
+
+
+@torch.inference_mode()
+def _scored_together(engine: ReferenceEngine, probe: _Probe, got: _Measures) -> None:
+    """The probe's options and tuning loss as the reference path scores them in a batch."""
+    got.options = [x for row in engine.loglikelihood([Cloze(p, o) for p, o in zip(probe.prompts, probe.options)]) for x in row]
+    got.loss = float(engine.target_loss(probe.targets(got.greedy)))
+
+
+def _batching_line(verdict: Verdict) -> str:
+    """How rows run on the reference path, for the log line."""
+    alone = [kind for kind in BATCHED_FIGURES if not verdict.batched[kind]]
+    if len(alone) == len(BATCHED_FIGURES):
+        return f"one row at a time ({verdict.batch_reason})"
+    if not alone:
+        return "rows run in batches (checked against rows alone)" + (f"; {verdict.batch_reason}" if verdict.batch_reason else "")
+    return f"{alone[0]} one row at a time ({verdict.batch_reason}), the rest in batches"
 
 
 @dataclass
