@@ -31,11 +31,14 @@ own: short rows do not join a pool many times as wide as they can grow (the engi
 POOL_WIDTH_RATIO), where every row would hold the pool's width.
 
 The part `paths` (not run by default, and without lm-evaluation-harness) runs the fast path beside
-the reference path (the model's own forward, one sequence at a time: where the self-check sends a
-model the fast path does not serve) on the same ARC-Easy option scoring and GSM8K generation
-rows, checks that they agree (option log-likelihoods within 1e-3 nats, identical greedy tokens)
-and prints the ratio; and it times the self-check that chooses between them, from a fresh verdict
-each time (--checks times, the first in the process included).
+the reference path (the model's own forward, where the self-check sends a model the fast path
+does not serve), its rows batched as the self-check's batching verdict on the model allows and one
+row at a time, on the same ARC-Easy option scoring and GSM8K generation rows; it checks that they
+agree (option log-likelihoods within 1e-3 nats, identical greedy tokens) and prints each path's
+time against the fast path's; and it times the self-check that chooses between them, from a fresh
+verdict each time (--checks times, the first in the process included). The part `classes` does the
+same per class of architecture (attention, ALiBi, multi-head latent attention, state-space,
+hybrids) on the conformance suite's tiny random models, with the tokenizer of the first model.
 
 The part `protocol` (not run by default) runs the method's protocol for each model through the
 CLI: `softeval run` on the full ARC-Easy test split and 1,000 TriviaQA validation rows with
