@@ -23,8 +23,9 @@ rows batched as the reference path batches them (scoring padded on the right, ge
 on the left with a mask), against each row alone: rows share forward passes only where their
 results are those they have alone, within the tolerance; scoring and generation are judged
 apart (left padding changes a Mamba layer's state; right padding changes nothing). Every result
-records the verdict and its figures (`results.json`'s `engine`). A verdict is kept per model and per set of module types (a model with LoRA layers
-injected is checked again), so later engines on the same model cost nothing.
+records the verdict and its figures (`results.json`'s `engine`). A verdict is kept per model and
+per set of module types (a model with LoRA layers injected is checked again), so later engines on
+the same model cost nothing.
 """
 
 from __future__ import annotations
