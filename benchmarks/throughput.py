@@ -38,7 +38,7 @@ agree (option log-likelihoods within 1e-3 nats, identical greedy tokens) and pri
 time against the fast path's; and it times the self-check that chooses between them, from a fresh
 verdict each time (--checks times, the first in the process included). The part `classes` does the
 same per class of architecture (attention, ALiBi, multi-head latent attention, state-space,
-hybrids) on the conformance suite's tiny random models, with the tokenizer of the first model.
+hybrids) on the conformance suite's tiny random models, built for each named model's tokenizer.
 
 The part `protocol` (not run by default) runs the method's protocol for each model through the
 CLI: `softeval run` on the full ARC-Easy test split and 1,000 TriviaQA validation rows with
@@ -530,20 +530,20 @@ CLASSES = {"attention": "llama", "ALiBi": "bloom", "multi-head latent attention"
            "hybrid (convolution + attention)": "lfm2"}
 
 
-def bench_classes(tokenizer_model: str, data_dir: Path, mc_rows: int, gen_rows: int, new_tokens: int = 32) -> list[dict]:
-    """Per class of architecture, a tiny random model of it on each path it can take (the fast
-    one where its self-check passes, the reference path batched where the check allows and one
-    row at a time): ARC-Easy option scoring and greedy generation from ARC-Easy prompts."""
+def bench_classes(tokenizer, data_dir: Path, mc_rows: int, gen_rows: int, new_tokens: int = 32) -> list[dict]:
+    """Per class of architecture, a tiny random model of it (for `tokenizer`'s vocabulary) on
+    each path it can take (the fast one where its self-check passes, the reference path batched
+    where the check allows and one row at a time): ARC-Easy option scoring and greedy generation
+    from ARC-Easy prompts."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from architectures import loaded  # the conformance suite's tiny configs
 
-    tokenizer = load_model(tokenizer_model, device="cpu").tokenizer
+    spec = load_task("arc_easy")
+    examples = load_examples(spec, "test", data_dir)
     rows = []
     for kind, arch in CLASSES.items():
         lm = loaded(arch, tokenizer)
         verdict = check_model(lm)
-        spec = load_task("arc_easy")
-        examples = load_examples(spec, "test", data_dir)
         builder = PromptBuilder(spec, lm)
         clozes = [builder.cloze(e) for e in examples[:mc_rows]]
         prompts = [builder.generation(e).ids for e in examples[:gen_rows]]
@@ -656,7 +656,7 @@ def main() -> None:
             rows.append(bench_self_check(lm, args.checks))
             rows += bench_paths(lm, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
         if "classes" in parts:
-            rows += bench_classes(name, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
+            rows += bench_classes(lm.tokenizer, args.data_dir, args.paths_mc_rows, args.paths_gen_rows)
         if "protocol" in parts:
             del lm  # the runs load the model themselves
             rows.append(bench_protocol(name, args.data_dir, args.protocol_steps, args.protocol_trivia_rows, args.protocol_arc_rows))

@@ -236,17 +236,13 @@ def _batching(lm: LoadedModel, probe: _Probe, tolerance: float) -> tuple[dict, s
     if isinstance(generation, str):
         failures["generation"] = generation
     else:
-        figures |= {"next_token_logprob": _likeliest_difference(expected.next_token, got.next_token),
-                    "greedy_margin": _greedy_margin(probe, expected, got)}
+        figures |= _generation_figures(probe, expected, got)
         failures |= _beyond(figures, "generation", tolerance)
     for shares in ([False] if "generation" in failures else [True, False]):
         engine = ReferenceEngine(lm, soft_prompt=probe.soft, shares_contexts=shares, **rows)
         why = _measured_together(engine, probe, got, _scored_together)
         if why is None:
-            lengths = [len(option) for _, option in probe.pairs]
-            n_targets = sum(len(target) for _, target in probe.targets(got.greedy))
-            figures |= {"option_logprob_per_token": _largest([abs(e - g) / n for e, g, n in zip(expected.options, got.options, lengths)]),
-                        "loss_per_token": abs(expected.loss - got.loss) / n_targets}
+            figures |= _scoring_figures(probe, expected, got)
             why = _beyond(figures, "scoring", tolerance).get("scoring")
         if why is None:
             break
@@ -393,12 +389,19 @@ def _tokens_with_end(completion) -> list[int]:
 
 
 def _compare(probe: _Probe, expected: _Measures, got: _Measures) -> dict[str, float]:
+    return _generation_figures(probe, expected, got) | {"greedy_tokens": sum(map(len, got.greedy))} | _scoring_figures(probe, expected, got)
+
+
+def _generation_figures(probe: _Probe, expected: _Measures, got: _Measures) -> dict[str, float]:
+    """The largest differences in next-token log-probabilities and greedy choices."""
+    return {"next_token_logprob": _likeliest_difference(expected.next_token, got.next_token), "greedy_margin": _greedy_margin(probe, expected, got)}
+
+
+def _scoring_figures(probe: _Probe, expected: _Measures, got: _Measures) -> dict[str, float]:
+    """The largest differences in option log-likelihoods and the tuning loss, per token."""
     lengths = [len(option) for _, option in probe.pairs]
     n_targets = sum(len(target) for _, target in probe.targets(got.greedy))
     return {
-        "next_token_logprob": _likeliest_difference(expected.next_token, got.next_token),
-        "greedy_margin": _greedy_margin(probe, expected, got),
-        "greedy_tokens": sum(map(len, got.greedy)),
         "option_logprob_per_token": _largest([abs(e - g) / n for e, g, n in zip(expected.options, got.options, lengths)]),
         "loss_per_token": abs(expected.loss - got.loss) / n_targets,
     }

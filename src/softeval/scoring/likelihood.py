@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from softeval.formats import Example
-from softeval.scoring.metrics import Metric, finite_rounded
+from softeval.scoring.metrics import Metric, finite_rounded, percentile_bounds
 
 # results.json name -> the sample field holding its per-row value
 GOLD_METRICS = {
@@ -108,7 +108,6 @@ def gold_aggregate(samples: Sequence, *, seed: int = 0, n_resamples: int = 1000)
         if draws is None:
             found[name] = Metric(value=finite_rounded(column.mean()), ci_low=None, ci_high=None)
             continue
-        boot = column[draws].mean(axis=1)
-        low, high = np.percentile(boot, 2.5, method="lower"), np.percentile(boot, 97.5, method="higher")
+        low, high = percentile_bounds(column[draws].mean(axis=1))
         found[name] = Metric(value=finite_rounded(column.mean()), ci_low=finite_rounded(low), ci_high=finite_rounded(high))
     return found

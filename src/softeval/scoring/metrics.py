@@ -228,11 +228,9 @@ def aggregate(samples: list[Judgement], *, seed: int = 0, n_resamples: int = 100
                 method="percentile",
                 rng=np.random.default_rng(seed),
             )
-            # percentiles over the resamples where a metric is defined (conditional accuracy is
-            # undefined in a resample with no formatted answer), each a resampled value: an
-            # interpolated bound (80.1% of 20 rows) is a score no resample had
-            low = np.nanpercentile(result.bootstrap_distribution, 2.5, axis=-1, method="lower")
-            high = np.nanpercentile(result.bootstrap_distribution, 97.5, axis=-1, method="higher")
+            # over the resamples where a metric is defined (conditional accuracy is undefined
+            # in a resample with no formatted answer)
+            low, high = percentile_bounds(result.bootstrap_distribution)
     return {
         name: Metric(value=finite_rounded(v), ci_low=finite_rounded(lo), ci_high=finite_rounded(hi))
         for name, v, lo, hi in zip(METRICS, values, low, high)
@@ -294,6 +292,15 @@ def _statistic(format_ok, task_correct, lenient_correct, knowledge_correct, axis
     acc = task_correct.mean(axis)
     conditional = np.divide(acc, ff, out=np.full_like(acc, np.nan), where=ff > 0)
     return np.stack([ff, acc, conditional, lenient_correct.mean(axis), knowledge_correct.mean(axis)])
+
+
+def percentile_bounds(resampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 95% percentile interval along the last axis, over the resamples that are defined (not
+    NaN), each bound a resampled value: an interpolated bound (80.1% of 20 rows) is a score no
+    resample had."""
+    low = np.nanpercentile(resampled, 2.5, axis=-1, method="lower")
+    high = np.nanpercentile(resampled, 97.5, axis=-1, method="higher")
+    return low, high
 
 
 def finite_rounded(x) -> float | None:

@@ -127,28 +127,30 @@ class PromptBuilder:
         """Context and option continuations for cloze scoring, under the same conditioning
         (demonstrations, chat template) as the generative prompt. With `option_context` (partial
         scoring), the context is that option's and the continuation the example's one continuation."""
-        delimiter = "" if self.chat else " "
-        continuations = example.choices if option_context is None else [(example.cloze_continuation or "").strip()]
+        continuations = self._continuations(example, partial=option_context is not None)
 
         def attempt(shown: list[Example]) -> tuple[int, list[tuple[list[int], list[int]]]]:
             context = self._assemble(example, shown, cloze=True, option_context=option_context)
-            pairs = [self._encode_pair(context, delimiter + text) for text in continuations]
+            pairs = [self._encode_pair(context, text) for text in continuations]
             return max(len(c) + len(o) for c, o in pairs), pairs
 
         n, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True, most=most_demos)
-        context_ids = pairs[0][0]
         overflow = max(0, longest - self.budget)
-        if overflow:  # keep BOS, drop the oldest context tokens
-            keep = 1 if self.lm.bos_token_id is not None else 0
-            context_ids = context_ids[:keep] + context_ids[keep + overflow :]
-        return Cloze(context_ids, [o for _, o in pairs], truncated=overflow > 0, n_demos=n)
+        return Cloze(self._drop_oldest(pairs[0][0], overflow), [o for _, o in pairs], truncated=overflow > 0, n_demos=n)
+
+    def _continuations(self, example: Example, partial: bool) -> list[str]:
+        """The texts cloze scoring continues a context with: each option after the delimiter, or
+        with `partial` (one context per option) the example's one continuation."""
+        delimiter = "" if self.chat else " "
+        if partial:
+            return [delimiter + (example.cloze_continuation or "").strip()]
+        return [delimiter + text for text in example.choices or []]
 
     def cloze_texts(self, example: Example) -> list[str]:
         """The text each option's cloze log-likelihood scored (its bytes count for bits per byte)."""
-        delimiter = "" if self.chat else " "
         if example.cloze_contexts is not None:
-            return [delimiter + (example.cloze_continuation or "").strip()] * len(example.cloze_contexts)
-        return [delimiter + text for text in example.choices or []]
+            return self._continuations(example, partial=True) * len(example.cloze_contexts)
+        return self._continuations(example, partial=False)
 
     # --- the answer after the generation prompt (gold likelihood) ------------------------------
 
@@ -158,13 +160,10 @@ class PromptBuilder:
         model's context less its soft prompt). None where an answer alone fills the room."""
         texts = answer_texts(self.spec, example)
         answers = [self.lm.encode(text) for text in texts]
-        context = prompt.ids
-        keep = 1 if self.lm.bos_token_id is not None else 0
-        if max(len(a) for a in answers) + keep + 1 > room:
+        if max(len(a) for a in answers) + self._bos_kept + 1 > room:
             return None
-        overflow = len(context) + max(len(a) for a in answers) - room
-        if overflow > 0:  # keep BOS, drop the oldest prompt tokens, as the cloze requests do
-            context = context[:keep] + context[keep + overflow :]
+        overflow = max(0, len(prompt.ids) + max(len(a) for a in answers) - room)
+        context = self._drop_oldest(prompt.ids, overflow)
         return Cloze(context, answers, truncated=overflow > 0 or prompt.truncated, n_demos=prompt.n_demos), texts
 
     # --- pieces --------------------------------------------------------------------------------
@@ -271,13 +270,23 @@ class PromptBuilder:
         n_context = len(self._tokens(context))
         return whole[:n_context], whole[n_context:]
 
+    @property
+    def _bos_kept(self) -> int:
+        """Tokens at the start of a sequence that shortening never drops: BOS, where the model has one."""
+        return 1 if self.lm.bos_token_id is not None else 0
+
+    def _drop_oldest(self, ids: list[int], overflow: int) -> list[int]:
+        """`ids` without the `overflow` oldest tokens after BOS."""
+        if overflow <= 0:
+            return ids
+        return ids[: self._bos_kept] + ids[self._bos_kept + overflow :]
+
     def _fit(self, prompt: Prompt, dropped: bool) -> Prompt:
         if len(prompt.ids) <= self.budget:
             prompt.truncated = dropped
             return prompt
-        keep = 1 if self.lm.bos_token_id is not None else 0
-        prompt.ids = prompt.ids[:keep] + prompt.ids[len(prompt.ids) - self.budget + keep :]
+        prompt.ids = self._drop_oldest(prompt.ids, len(prompt.ids) - self.budget)
         # the log shows what the model read: the kept tokens, not the text before shortening
-        prompt.text = self.lm.tokenizer.decode(prompt.ids[keep:], skip_special_tokens=False)
+        prompt.text = self.lm.tokenizer.decode(prompt.ids[self._bos_kept :], skip_special_tokens=False)
         prompt.truncated = True
         return prompt
