@@ -155,7 +155,7 @@ class MatmulCeiling:
     def record(self, engine: Engine) -> tuple[list[int], list[int]]:
         """Wrap an engine's transformer and LM head calls to note the positions each one runs."""
         body, head = [], []
-        forward, greedy = engine._forward, engine._greedy
+        forward, greedy = engine.forward.run, engine.forward.greedy
 
         def counted_forward(embeds, *args, **kwargs):
             body.append(embeds.shape[0] * embeds.shape[1])
@@ -165,7 +165,7 @@ class MatmulCeiling:
             head.append(hidden.shape[0])
             return greedy(hidden)
 
-        engine._forward, engine._greedy = counted_forward, counted_greedy
+        engine.forward.run, engine.forward.greedy = counted_forward, counted_greedy
         return body, head
 
     def seconds(self, engine: Engine, body: list[int], head: list[int]) -> float:
@@ -181,7 +181,7 @@ class MatmulCeiling:
     def _time(self, part: str, rows: int, engine: Engine) -> float:
         hidden = torch.randn(rows, self.lm.model.get_input_embeddings().weight.shape[1])
         if part == "head":
-            run = lambda: _argmax_by_vocab_chunks(hidden, self.lm.model.get_output_embeddings(), engine.transform)  # noqa: E731
+            run = lambda: _argmax_by_vocab_chunks(hidden, self.lm.model.get_output_embeddings(), engine.forward.transform)  # noqa: E731
         else:
             inputs = {m.in_features: torch.randn(rows, m.in_features) for m in self.linears}
             run = lambda: [m(inputs[m.in_features]) for m in self.linears]  # noqa: E731
@@ -302,7 +302,7 @@ def bench_mc(lm, hflm, data_dir: Path, rows: int, batch_size: int, flops: FlopCo
     ours_acc = sum(score_sample(spec.format, e, "", s).knowledge_correct for e, s in zip(examples, scores)) / len(examples)
     theirs_acc = out["results"]["bench_mc"]["acc_norm,none"]
 
-    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / timing.ours_s / 1e9
+    gflops = flops.forward(engine.forward.positions_computed, engine.forward.logit_rows_computed) / timing.ours_s / 1e9
     return {
         "mode": "mc-loglikelihood arc_easy",
         "rows": rows,
@@ -350,8 +350,8 @@ def bench_generation(
     gaps = [first_difference_gap(lm, prompts[i].ids, completions[i], theirs[i]) for i in differ]
     same = 1 - len(differ) / len(completions)
     # draft positions that kept no token, and the logits after rejected drafts, are not counted
-    positions = engine.positions_computed - engine.draft_positions_discarded
-    logit_rows = engine.logit_rows_computed - (engine.drafts_proposed - engine.drafts_accepted)
+    positions = engine.forward.positions_computed - engine.generation.drafts.positions_discarded
+    logit_rows = engine.forward.logit_rows_computed - (engine.generation.drafts.proposed - engine.generation.drafts.accepted)
     gflops = flops.forward(positions, logit_rows) / timing.ours_s / 1e9
     # the products alone, at the sizes this run computed them, rejected drafts and all
     products_s = ceiling.seconds(engine, *calls)
@@ -364,7 +364,7 @@ def bench_generation(
         "rows": rows,
         **timing.figures(),
         "agreement": f"identical {100 * same:.1f}%, differing rows' top-2 gaps {[round(g, 6) for g in gaps]}"
-        f"; drafts kept {engine.drafts_accepted} of {engine.drafts_proposed}" + timing.consistency,
+        f"; drafts kept {engine.generation.drafts.accepted} of {engine.generation.drafts.proposed}" + timing.consistency,
         "agree_ok": same >= 0.99 and all(g < 1e-3 for g in gaps) and timing.consistent,
         "gflops": gflops,
         "peak_share": gflops / peak,
@@ -424,7 +424,7 @@ def bench_long_prompt(lm, data_dir: Path, rows: int, cap: int | None, batch_size
         "batch_size_1": sum(lengths),
     }
     engine = engines[batch_size]
-    gflops = flops.forward(engine.positions_computed, engine.logit_rows_computed) / seconds[batch_size] / 1e9
+    gflops = flops.forward(engine.forward.positions_computed, engine.forward.logit_rows_computed) / seconds[batch_size] / 1e9
     return {
         "mode": f"one long prompt ({lengths[long_row]} tok)",
         "rows": rows,
@@ -435,7 +435,7 @@ def bench_long_prompt(lm, data_dir: Path, rows: int, cap: int | None, batch_size
         "agreement": f"completions {'identical' if same else 'DIFFER'} at batch size {batch_size} and 1",
         "agree_ok": same,
         "padded_positions": padded,
-        "positions_computed": {size: e.positions_computed for size, e in engines.items()},
+        "positions_computed": {size: e.forward.positions_computed for size, e in engines.items()},
         "gflops": gflops,
         "peak_share": gflops / peak,
     }
@@ -443,7 +443,7 @@ def bench_long_prompt(lm, data_dir: Path, rows: int, cap: int | None, batch_size
 
 def _padded_positions(engine: Engine, lengths: list[int]) -> int:
     """Rows x padded width summed over the batches the engine makes of prompts of these lengths."""
-    return sum(len(batch) * max(lengths[i] for i in batch) for batch in engine._length_buckets(lengths))
+    return sum(len(batch) * max(lengths[i] for i in batch) for batch in engine.forward.length_buckets(lengths))
 
 
 def bench_tuning(lm, data_dir: str, batch_size: int, length: int, steps: int, flops: FlopCounter, peak: float) -> dict:

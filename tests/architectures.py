@@ -224,7 +224,6 @@ REFERENCE_PATH = {
     "falcon_h1": "LinearAttentionAndFullAttentionLayer layers",
     "jamba": "LinearAttentionLayer layers",
     "lfm2": "LinearAttentionLayer layers",
-    "deepseek_v3": "the fast path failed on the probe",
     "recurrent_gemma": "LinearAttentionLayer layers",
 }
 

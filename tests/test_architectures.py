@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from architectures import ARCHITECTURES, ONE_ROW_GENERATION, REFERENCE_PATH, WHOLE_ROW_SCORING, build_model, loaded
 from conftest import SHARED, TEXTS
 from softeval.engine import Engine, ReferenceEngine, start_engine
+from softeval.engine.generation import kv_bytes_per_token
 from softeval.engine.selfcheck import check_model
 from softeval.tasks import Cloze
 from softeval.tuning import lora_applied
@@ -108,6 +109,19 @@ def test_option_loglikelihoods_equal_a_full_forward(arch):
     for cloze, scores in zip(clozes, got):
         expected = [_full_forward_logprob(lm, cloze.context_ids, option, soft) for option in cloze.continuation_ids]
         assert scores == pytest.approx(expected, abs=1e-4)
+
+
+def test_multi_head_latent_attention_decodes_from_its_compressed_cache(tokenizer):
+    """DeepSeek-V3's cache holds a compressed latent and one rotary key per token and layer, which
+    its attention expands to every head: the fast path's pools hold those, the KV budget counts
+    them, and no shared prefix is kept apart (attention reads the expanded keys, not the cache)."""
+    lm = loaded("deepseek_v3", tokenizer)
+    config = lm.model.config
+    engine = start_engine(lm)
+    assert isinstance(engine, Engine)
+    latent = config.kv_lora_rank + config.qk_rope_head_dim
+    assert kv_bytes_per_token(engine.generation.shapes, torch.float32) == config.num_hidden_layers * latent * 4
+    assert not engine.generation.prefix_apart
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_PATH))

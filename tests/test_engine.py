@@ -16,7 +16,7 @@ from softeval.engine import generation as engine_generation
 from softeval.engine import text as engine_text
 from softeval.engine.decoding import Decoder
 from softeval.engine.forward import PADDING_SLACK, cut_batches
-from softeval.engine.generation import kv_bytes_per_token, kv_cache_budget
+from softeval.engine.generation import kv_cache_budget
 from softeval.engine.logits import LogitTransform
 from softeval.errors import SoftevalError
 from softeval.models import load_model
@@ -63,9 +63,9 @@ def test_generation_cuts_at_stop_string(tiny_llama):
 def _decode_from(engine, prompt, forced_first: list[int], stop, max_new_tokens):
     """Decode `prompt` greedily after forcing its first generated token: what the decoder does
     when the model itself picks that token."""
-    decoder = Decoder(engine, [prompt], stop, max_new_tokens)
+    decoder = Decoder(engine.forward, engine.generation.drafts, [prompt], stop, max_new_tokens)
     with torch.inference_mode():
-        pool = engine._admit(None, [[0]], [prompt], None, room=max_new_tokens, needed=1)
+        pool = engine.generation._admit(None, [[0]], [prompt], None, room=max_new_tokens, needed=1)
         pool.next_tokens[:] = torch.tensor(forced_first)
         decoder.record(pool, lambda n: None)
         while pool is not None:
@@ -185,12 +185,12 @@ def test_rows_joining_a_running_pool_decode_as_if_alone(tiny_lm):
     long_prompt, short_prompt = prompt_ids(tiny_lm, TEXTS[3]), prompt_ids(tiny_lm, TEXTS[2])
     prompts = [long_prompt, short_prompt]
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
-    decoder = Decoder(engine, prompts, ["\x00never"], 6)
+    decoder = Decoder(engine.forward, engine.generation.drafts, prompts, ["\x00never"], 6)
     with torch.inference_mode():
-        pool = engine._admit(None, [[0]], prompts, None, room=6, needed=1)
+        pool = engine.generation._admit(None, [[0]], prompts, None, room=6, needed=1)
         decoder.record(pool, lambda n: None)
         pool = decoder.step(decoder.step(pool, lambda n: None), lambda n: None)  # two tokens ahead
-        pool = engine._admit(pool, [[1]], prompts, None, room=6, needed=1)  # no idle slot: repacked
+        pool = engine.generation._admit(pool, [[1]], prompts, None, room=6, needed=1)  # no idle slot: repacked
         decoder.record(pool, lambda n: None, rows={1})
         assert pool.rows == [0, 1] and bool(pool.mask[1, 0] == 0)  # the short row is left-padded
         while pool is not None:
@@ -207,15 +207,15 @@ def test_rows_encoded_into_freed_slots_decode_as_if_alone(tiny_lm, prefix):
     prompts = [prompt_ids(tiny_lm, prefix + t) for t in TEXTS]
     engine = Engine(tiny_lm)
     expected = [engine.generate([p], stop=["\x00never"], max_new_tokens=6)[0] for p in prompts]
-    shared = engine._encode_prefix(prompts, within_window=None)
+    shared = engine.forward.encode_prefix(prompts, within_window=None)
     assert (shared is not None) == bool(prefix)
-    decoder = Decoder(engine, prompts, ["\x00never"], 6, shared)
+    decoder = Decoder(engine.forward, engine.generation.drafts, prompts, ["\x00never"], 6, shared)
 
     def step(pool):
         return decoder.step(pool, lambda n: None)
 
     def admit(pool, rows):
-        pool = engine._admit(pool, [rows], prompts, shared, room=16, needed=1)
+        pool = engine.generation._admit(pool, [rows], prompts, shared, room=16, needed=1)
         decoder.record(pool, lambda n: None, rows=set(rows))
         return pool
 
@@ -252,7 +252,7 @@ def test_a_shared_prefix_longer_than_a_sliding_window(tiny_lm):
     layers keep the prefix's last slots only) decode as plain greedy decoding does."""
     prompts = [prompt_ids(tiny_lm, SHARED * 3 + t) for t in TEXTS]
     engine = Engine(tiny_lm)
-    assert engine._encode_prefix(prompts, within_window=None).length > 32
+    assert engine.forward.encode_prefix(prompts, within_window=None).length > 32
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=8)
     expected = [_greedy_until_eos(tiny_lm, p, 8) for p in prompts]
     assert [c.tokens for c in completions] == expected
@@ -268,10 +268,10 @@ def test_a_soft_prompt_after_a_shared_prefix_with_drafts_decodes_as_greedy_decod
     expected = [_greedy_until_eos(tiny_lm, p, 24, soft) for p in prompts]
     _oracle_drafts(monkeypatch, tiny_lm, prompts, 24, soft)
     engine = Engine(tiny_lm, soft_prompt=soft)
-    assert engine._encode_prefix(prompts, within_window=None).length > 32
+    assert engine.forward.encode_prefix(prompts, within_window=None).length > 32
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=24)
     assert [c.tokens for c in completions] == expected
-    assert 0 < engine.drafts_accepted < engine.drafts_proposed
+    assert 0 < engine.generation.drafts.accepted < engine.generation.drafts.proposed
 
 
 def test_capped_attention_scores_keep_the_shared_prefix_in_each_row(tokenizer_dirs, tmp_path):
@@ -293,7 +293,7 @@ def test_capped_attention_scores_keep_the_shared_prefix_in_each_row(tokenizer_di
     lm = load_model(str(tmp_path), device="cpu")
     prompts = [prompt_ids(lm, SHARED + t) for t in TEXTS]
     engine = Engine(lm)
-    assert not engine.prefix_apart and engine._encode_prefix(prompts, within_window=None) is not None
+    assert not engine.generation.prefix_apart and engine.forward.encode_prefix(prompts, within_window=None) is not None
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=6)
     expected = [_greedy_until_eos(lm, p, 6) for p in prompts]
     assert [c.tokens for c in completions] == expected
@@ -324,7 +324,7 @@ def test_drafted_decoding_keeps_the_greedy_tokens(tiny_lm, monkeypatch):
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=24)
     expected = [_greedy_until_eos(tiny_lm, p, 24) for p in prompts]
     assert [c.tokens for c in completions] == expected
-    assert 0 < engine.drafts_accepted < engine.drafts_proposed
+    assert 0 < engine.generation.drafts.accepted < engine.generation.drafts.proposed
 
 
 def test_drafts_end_a_completion_where_plain_decoding_ends_it(tiny_llama, monkeypatch):
@@ -338,7 +338,7 @@ def test_drafts_end_a_completion_where_plain_decoding_ends_it(tiny_llama, monkey
         monkeypatch.setattr(engine_decoding, "DRAFT_POSITIONS", 64)
         engine = Engine(tiny_llama)
         drafted = engine.generate(prompts, stop=stop, max_new_tokens=limit)
-        assert engine.drafts_accepted > 0
+        assert engine.generation.drafts.accepted > 0
         assert [(c.text, c.tokens, c.stop_reason) for c in drafted] == [(c.text, c.tokens, c.stop_reason) for c in plain]
 
 
@@ -350,7 +350,7 @@ def test_prompt_lookup_drafts_are_confirmed_on_a_repeating_model(tiny_model_dirs
     engine = Engine(lm)
     completions = engine.generate(prompts, stop=["\x00never"], max_new_tokens=40)
     assert [c.tokens for c in completions] == [reference_greedy(lm, p, 40) for p in prompts]
-    assert engine.drafts_accepted > len(prompts) * 10
+    assert engine.generation.drafts.accepted > len(prompts) * 10
 
 
 def test_prompt_lookup_drafts_continue_the_latest_match():
@@ -442,11 +442,11 @@ def test_a_head_that_is_not_a_plain_linear_layer_computes_its_own_logits(tiny_ll
     hook = head.register_forward_hook(lambda module, args, out: torch.nn.functional.one_hot(target, out.shape[-1]).to(out.dtype) * 1e4)
     try:
         with torch.inference_mode():
-            assert engine._greedy(hidden).tolist() == [5, 6, 7]
+            assert engine.forward.greedy(hidden).tolist() == [5, 6, 7]
     finally:
         hook.remove()
     with torch.inference_mode():
-        assert engine._greedy(hidden).tolist() == head(hidden).argmax(-1).tolist()
+        assert engine.forward.greedy(hidden).tolist() == head(hidden).argmax(-1).tolist()
 
 
 def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkeypatch):
@@ -459,9 +459,9 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
         idle = [slot for slot, row in enumerate(pool.rows) if row is None]
         before = pool.positions.clone()
         fed = []  # the positions the step runs the model at
-        forward = self.engine._forward
+        forward = self.forward.run
         with monkeypatch.context() as spying:
-            spying.setattr(self.engine, "_forward", lambda *args: fed.append(args[2]) or forward(*args))
+            spying.setattr(self.forward, "run", lambda *args: fed.append(args[2]) or forward(*args))
             after = step(self, pool, advance, speculate)
         if idle:  # an idle slot's position stays: only live rows advance
             idle_positions_moved.append(bool((fed[0][idle] != before[idle]).any()))
@@ -472,11 +472,11 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
     monkeypatch.setattr(Decoder, "step", checking)
     monkeypatch.setattr(engine_generation, "JOIN_SHARE", 2 / 3)  # slots idle while rows wait to join
     engine = Engine(tiny_llama, batch_size=8)
-    engine.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
+    engine.generation.kv_positions = 4 * (max(map(len, prompts)) + 8)  # about four rows
     alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
     completions = engine.generate(prompts, stop=["."], max_new_tokens=8)
     assert [c.tokens for c in completions] == [c.tokens for c in alone]
-    assert max(held for *_, held in steps) <= engine.kv_positions
+    assert max(held for *_, held in steps) <= engine.generation.kv_positions
     assert max(slots for _, _, slots, _ in steps) > 1
     # once the queue is drained, a pool is never more than half idle
     drained = [(live, slots) for finished, live, slots, _ in steps if finished + live == len(prompts)]
@@ -487,7 +487,9 @@ def test_idle_slots_are_dropped_and_the_cache_stays_in_budget(tiny_llama, monkey
 def test_the_kv_budget_follows_the_memory_free_on_the_machine(tiny_llama, monkeypatch):
     prompts = [prompt_ids(tiny_llama, t) for t in TEXTS * 4]
     alone = _one_at_a_time(monkeypatch, tiny_llama, prompts, ["."], max_new_tokens=8)
-    per_row = (max(map(len, prompts)) + 8 + 8) * kv_bytes_per_token(tiny_llama.model.config, torch.float32)
+    config = tiny_llama.model.config  # keys and values of every layer's key/value heads, in fp32
+    token_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    per_row = (max(map(len, prompts)) + 8 + 8) * token_bytes
     monkeypatch.setattr(engine_generation, "KV_CACHE_BYTES_MIN", 1)
     monkeypatch.setattr(engine_generation, "kept_free_bytes", lambda: 0)
     widest = {}
@@ -495,7 +497,7 @@ def test_the_kv_budget_follows_the_memory_free_on_the_machine(tiny_llama, monkey
         free = SimpleNamespace(available=4 * rows * per_row)
         monkeypatch.setattr(engine_generation.psutil, "virtual_memory", lambda: free)
         engine = Engine(tiny_llama)
-        assert engine.kv_cache_bytes == rows * per_row
+        assert engine.generation.kv_cache_bytes == rows * per_row
         steps = _record_pools(monkeypatch)
         completions = engine.generate(prompts, stop=["."], max_new_tokens=8)
         assert [c.tokens for c in completions] == [c.tokens for c in alone]
@@ -614,8 +616,8 @@ def test_the_soft_prompt_counts_toward_the_budget(tiny_llama):
     hidden = tiny_llama.model.get_input_embeddings().weight.shape[1]
     plain = Engine(tiny_llama, batch_size=8, token_budget=256)
     soft = Engine(tiny_llama, batch_size=8, token_budget=256, soft_prompt=torch.zeros(16, hidden))
-    assert plain._length_buckets([120, 118, 110]) == [[0, 1], [2]]
-    assert soft._length_buckets([120, 118, 110]) == [[0], [1], [2]]
+    assert plain.forward.length_buckets([120, 118, 110]) == [[0, 1], [2]]
+    assert soft.forward.length_buckets([120, 118, 110]) == [[0], [1], [2]]
 
 
 def _long_prompt(lm, n: int = 220) -> list[int]:
@@ -629,7 +631,7 @@ def _record_forwards(engine: Engine) -> list[int]:
     """Positions (rows x attended width, cache included) of every forward pass the engine runs on
     more than one new token per row: prefills and option batches (decode steps have a KV budget)."""
     seen: list[int] = []
-    forward = engine._forward
+    forward = engine.forward.run
 
     def recording(embeds, mask, positions, cache, prefix=None):
         if embeds.shape[1] > 1:
@@ -637,7 +639,7 @@ def _record_forwards(engine: Engine) -> list[int]:
             seen.append(keys.shape[0] * keys.shape[-1])
         return forward(embeds, mask, positions, cache, prefix)
 
-    engine._forward = recording
+    engine.forward.run = recording
     return seen
 
 
@@ -657,14 +659,14 @@ def test_one_long_prompt_costs_about_what_it_costs_alone(tiny_lm):
     assert [c.text for c in completions] == [c.text for c in expected]
     assert [c.tokens for c in completions] == [c.tokens for c in expected]
     # padding to the long row would be 4 x 220 positions in its batch alone
-    assert batched.positions_computed <= 1.2 * alone.positions_computed
+    assert batched.forward.positions_computed <= 1.2 * alone.forward.positions_computed
 
-    alone.positions_computed = batched.positions_computed = 0
+    alone.forward.positions_computed = batched.forward.positions_computed = 0
     expected_scores = alone.loglikelihood(clozes)
     scores = batched.loglikelihood(clozes)
     for got, want in zip(scores, expected_scores):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
-    assert batched.positions_computed <= 1.2 * alone.positions_computed
+    assert batched.forward.positions_computed <= 1.2 * alone.forward.positions_computed
     assert max(forwards) <= 256  # prefills and option batches alike
 
 

@@ -48,8 +48,8 @@ def test_text_settings_come_from_the_text_config(multimodal_lm):
     assert type(multimodal_lm.model) is Gemma3ForConditionalGeneration
     assert multimodal_lm.context_length == CONTEXT
     engine = Engine(multimodal_lm)
-    assert engine.window == WINDOW
-    assert engine.transform.softcap == SOFTCAP
+    assert engine.forward.window == WINDOW
+    assert engine.forward.transform.softcap == SOFTCAP
 
 
 def test_a_softcap_its_forward_does_not_apply_sends_it_to_the_reference_path(multimodal_lm):

@@ -33,15 +33,12 @@ def layer(module: str) -> str | None:
 
 
 def imports(path: Path) -> set[str]:
-    """The softeval modules a file imports, anywhere in it (lazy imports too), but for imports
-    made only for type checkers."""
+    """The softeval modules a file imports, anywhere in it: lazy imports and imports made only
+    for type checkers too (a circle that only annotations close is still parts reaching into
+    each other)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    checking_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-                     for stmt in node.body for n in ast.walk(stmt)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in checking_only:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "softeval":
             for alias in node.names:  # `from softeval.x import y` imports the module softeval.x.y where there is one
                 candidate = f"{node.module}.{alias.name}"
@@ -132,3 +129,15 @@ def test_the_checks_see_an_arrow_the_wrong_way_and_a_cycle(tmp_path, monkeypatch
     edges = graph()
     assert upward_imports(edges) == ["softeval.formats.bad -> softeval.study"]
     assert cycles(edges) == ["softeval.formats.bad -> softeval.study -> softeval.study.runner -> softeval.formats.bad"]
+
+
+def test_a_circle_closed_only_by_type_annotations_is_found(tmp_path, monkeypatch):
+    """Parts that reach into each other through `if TYPE_CHECKING:` imports still form a circle."""
+    fake = tmp_path / "softeval"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "steps.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from softeval.engine.whole import Whole\n")
+    (fake / "engine" / "whole.py").write_text("from softeval.engine.steps import step\n")
+    monkeypatch.setattr(sys.modules[__name__], "SOURCE", fake)
+    assert cycles(graph()) == ["softeval.engine.steps -> softeval.engine.whole -> softeval.engine.steps"]

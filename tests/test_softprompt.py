@@ -284,9 +284,9 @@ def test_peft_export_gives_the_same_logits(tmp_path, tiny_model_dirs, tiny_lm):
     with torch.no_grad():
         theirs = peft_model(input_ids=torch.tensor([ids])).logits[0, -len(ids) :]
         engine = Engine(tiny_lm, soft_prompt=soft)
-        embeds, mask, positions = engine.inputs([prompt_ids(tiny_lm, TEXTS[0])])
-        hidden = engine.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
-        ours = engine.logits(hidden)[0, -len(ids) :]
+        embeds, mask, positions = engine.forward.inputs([prompt_ids(tiny_lm, TEXTS[0])])
+        hidden = engine.forward.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
+        ours = engine.forward.logits(hidden)[0, -len(ids) :]
     assert torch.allclose(theirs, ours, atol=1e-4)
 
 

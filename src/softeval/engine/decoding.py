@@ -5,16 +5,13 @@ draft tokens taken from each row's own text (prompt lookup) that the model confi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from softeval.engine.forward import Advance, SharedPrefix
+from softeval.engine.forward import Advance, Forward, SharedPrefix
 from softeval.engine.pool import Pool
 from softeval.engine.text import Completion, TextStream, ended_by
-
-if TYPE_CHECKING:
-    from softeval.engine.fast import Engine
 
 # Speculation once no queued prompt may join the pool: a decode step also runs draft tokens
 # taken from each row's own text, and greedily keeps those the model itself would have chosen.
@@ -26,6 +23,14 @@ DRAFT_POSITIONS = 64
 MAX_DRAFT = 15
 
 
+@dataclass
+class DraftCounts:
+    """Draft tokens run through the model, those it confirmed, and the positions of draft
+    columns that kept no token (rejected drafts, and the columns of rows with fewer)."""
+
+    proposed: int = 0
+    accepted: int = 0
+    positions_discarded: int = 0
 
 
 class Decoder:
@@ -34,11 +39,12 @@ class Decoder:
     to as well."""
 
     def __init__(
-        self, engine: Engine, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int, prefix: SharedPrefix | None = None
+        self, forward: Forward, drafts: DraftCounts, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int,
+        prefix: SharedPrefix | None = None,
     ):
-        self.engine, self.prompts, self.max_new_tokens, self.prefix = engine, prompts, max_new_tokens, prefix
-        self.eos = set(engine.lm.eos_token_ids)
-        self.texts = [TextStream(engine.lm.tokenizer, stop) for _ in prompts]
+        self.forward, self.drafts, self.prompts, self.max_new_tokens, self.prefix = forward, drafts, prompts, max_new_tokens, prefix
+        self.eos = set(forward.lm.eos_token_ids)
+        self.texts = [TextStream(forward.lm.tokenizer, stop) for _ in prompts]
         self.lookups: dict[int, _PromptLookup] = {}  # rows that have drafted
         self.results: list[Completion | None] = [None] * len(prompts)
 
@@ -75,10 +81,10 @@ class Decoder:
         """Each slot's draft tokens: as many as the step's position budget and the cache's room
         allow (and, for a sliding-window model, as keep every row's span within the window),
         never past the token limit."""
-        engine = self.engine
+        forward = self.forward
         budget = min(MAX_DRAFT, DRAFT_POSITIONS // len(pool.rows) - 1, pool.room() - 1)
-        if engine.slides:
-            budget = min(budget, engine.window - pool.span() - 1)
+        if forward.slides:
+            budget = min(budget, forward.window - pool.span() - 1)
         drafts = []
         for i in pool.rows:
             allowed = 0 if i is None else min(budget, self.max_new_tokens - len(self.texts[i].tokens) - 1)
@@ -95,7 +101,7 @@ class Decoder:
         fewer drafts than others repeats its token in masked columns). A row keeps its drafts
         up to the first the model would not have chosen; its next token is the model's choice
         after the last one kept. Rejected drafts' columns stay in the cache, masked."""
-        engine = self.engine
+        forward, counts = self.forward, self.drafts
         rows, width, new = len(pool.rows), pool.mask.shape[1], 1 + max(map(len, drafts))
         live = [slot for slot, row in enumerate(pool.rows) if row is not None]
         ids = pool.next_tokens[:, None].repeat(1, new)
@@ -110,14 +116,14 @@ class Decoder:
         is_live = torch.zeros_like(pool.positions)
         is_live[live] = 1
         positions = pool.positions + is_live * fed.to(pool.positions.device).cumsum(1)
-        hidden = engine._forward(engine._embed(ids), mask, positions, pool.cache, self.prefix)
+        hidden = forward.run(forward.embed(ids), mask, positions, pool.cache, self.prefix)
         # vocabulary logits only where a live row chooses a token: after its token and each draft
         picks = [(slot, column) for slot in live for column in range(1 + len(drafts[slot]))]
-        slots, columns = (torch.tensor(index, device=engine.device) for index in zip(*picks))
-        chosen = iter(engine._greedy(hidden[slots, columns]).tolist())
+        slots, columns = (torch.tensor(index, device=forward.device) for index in zip(*picks))
+        chosen = iter(forward.greedy(hidden[slots, columns]).tolist())
         next_tokens, verified, last = pool.next_tokens.clone(), [[] for _ in pool.rows], pool.positions.clone()
         holes = pool.holes
-        engine.draft_positions_discarded += rows * (new - 1)
+        counts.positions_discarded += rows * (new - 1)
         for slot in live:
             draft = drafts[slot]
             choices = [next(chosen) for _ in range(1 + len(draft))]
@@ -125,9 +131,9 @@ class Decoder:
             while kept < len(draft) and draft[kept] == choices[kept]:
                 kept += 1
             verified[slot], next_tokens[slot] = draft[:kept], choices[kept]
-            engine.drafts_proposed += len(draft)
-            engine.drafts_accepted += kept
-            engine.draft_positions_discarded -= kept
+            counts.proposed += len(draft)
+            counts.accepted += kept
+            counts.positions_discarded -= kept
             last[slot] += 1 + kept
             if 1 + kept < new:
                 mask[slot, width + 1 + kept :] = 0

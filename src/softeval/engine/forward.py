@@ -1,6 +1,8 @@
-"""The fast path's shared pieces: batches cut by positions, left-padded inputs with the soft
-prompt after BOS and each row's own position ids, a shared prefix encoded once, the decoder run
-apart from its LM head, and the LM head only where a token is chosen or scored.
+"""The fast path's shared part, `Forward`: the model and its settings, batches cut by positions,
+left-padded inputs with the soft prompt after BOS and each row's own position ids, a shared prefix
+encoded once, the decoder run apart from its LM head, and the LM head only where a token is chosen
+or scored. Generation, option scoring and the tuning loss each hold the one `Forward` of their
+engine.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from transformers import DynamicCache
 
 from softeval.engine.attention import PrefixKeys, stacked_gqa
 from softeval.engine.logits import LogitTransform
+from softeval.errors import SoftevalError
+from softeval.models import LoadedModel
 
 Advance = Callable[[int], None]
 
@@ -98,7 +102,51 @@ def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
 
 
 class Forward:
-    """What generation, option scoring and the tuning loss share: inputs, the decoder, the LM head."""
+    """A model behind a soft prompt, run the fast path's way: its inputs, its decoder and its LM
+    head apart, and what they computed (positions and LM head rows, for throughput figures)."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        soft_prompt: torch.Tensor | None = None,  # (L, hidden), placed after BOS in every sequence
+        batch_size: int | None = None,  # the most rows of a batch; None: as many as the token budget allows
+        token_budget: int = TOKEN_BUDGET,  # rows x padded width (soft prompt included) of a batch
+        logits_chunk: int = 256,
+    ):
+        self.lm = lm
+        self.soft_prompt = soft_prompt
+        self.model = lm.model
+        # Multimodal wrappers (Gemma 3 of 4B and up loads as Gemma3ForConditionalGeneration) keep
+        # the text decoder's settings under a text config and the decoder itself inside the
+        # wrapper; for plain causal LMs both are the model's own config and base model.
+        self.text_config = lm.model.config.get_text_config()
+        self.decoder = lm.model.get_decoder()  # the text transformer without its LM head
+        # Padding costs as much as real tokens, and attention grows with the square of the width:
+        # batches are cut by positions, so one long row does not make its batch quadratic.
+        self.token_budget = token_budget
+        self.batch_size = batch_size or token_budget  # every row takes at least one position
+        self.logits_chunk = logits_chunk
+        self.device = next(lm.model.parameters()).device
+        # In a decoding cache, sliding-window attention counts slots, not positions (a row's own
+        # slots, without holes, are as far apart as their positions); a shared prefix is attended
+        # to by positions. (Option scoring builds its own window mask from positions.)
+        self.window = getattr(self.text_config, "sliding_window", None)
+        self.layer_types = getattr(self.text_config, "layer_types", None)  # None: every layer alike
+        self.sliding_layers = tuple(layer.is_sliding for layer in DynamicCache(config=self.text_config).layers)
+        # Qwen configs set a window that no layer uses
+        self.slides = self.window is not None and (self.layer_types is None or "sliding_attention" in self.layer_types)
+        # Option scoring hands the model a 4D mask of its own; other kernels (flash attention)
+        # would read it as a padding mask and score wrongly.
+        self.attention = self.decoder.config._attn_implementation
+        if self.attention not in ("sdpa", "eager"):
+            raise SoftevalError(
+                f"{lm.name}: attention implementation {self.attention!r} is not supported; load the model with 'sdpa' or 'eager'"
+            )
+        self.transform = LogitTransform.of(lm.model)
+        # positions run through the transformer and through the LM head, padding included:
+        # the work actually done, for throughput figures
+        self.positions_computed = 0
+        self.logit_rows_computed = 0
 
     @property
     def n_soft(self) -> int:
@@ -109,15 +157,15 @@ class Forward:
         """(prompts, vocabulary) log-probabilities of the token after each prompt, the prompts
         encoded together, left-padded, as generation encodes prompts that share no prefix."""
         embeds, mask, positions = self.inputs(list(prompts))
-        hidden = self._forward(embeds, mask, positions, DynamicCache(config=self.text_config))[:, -1]
+        hidden = self.run(embeds, mask, positions, DynamicCache(config=self.text_config))[:, -1]
         return torch.log_softmax(self.logits(hidden), dim=-1)
 
-    def _length_buckets(self, lengths: list[int]) -> list[list[int]]:
+    def length_buckets(self, lengths: list[int]) -> list[list[int]]:
         """Batches of similar length (longest first, so memory peaks early and predictably)."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return cut_batches(order, [n + self.n_soft for n in lengths], self.batch_size, self.token_budget)
 
-    def _encode_prefix(self, sequences: Sequence[list[int]], within_window: int | None) -> SharedPrefix | None:
+    def encode_prefix(self, sequences: Sequence[list[int]], within_window: int | None) -> SharedPrefix | None:
         """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,
         few-shot demonstrations); None when too little is shared to pay off. With
         `within_window` (how many tokens the rows will grow by), also None when a row could
@@ -133,10 +181,10 @@ class Forward:
             return None
         embeds, mask, positions = self.inputs([sequences[0][:shared]])
         cache = DynamicCache(config=self.text_config)
-        self._forward(embeds, mask, positions, cache)
+        self.run(embeds, mask, positions, cache)
         return SharedPrefix(shared, cache, mask, positions)
 
-    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask of a batch, left-padded to its longest row."""
         width = max(len(s) for s in sequences)
         ids = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -166,7 +214,7 @@ class Forward:
             is_soft[r, start + n_head : start + n_head + n_soft] = True
             mask[r, start:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        embeds = self._embed(ids.to(self.device))
+        embeds = self.embed(ids.to(self.device))
         if soft is not None:
             # row by row the soft positions are consecutive, so they take soft[0..L-1] in order
             slots = is_soft.to(self.device)
@@ -175,11 +223,11 @@ class Forward:
             embeds = embeds.masked_scatter(slots[..., None], soft.repeat(len(sequences), 1))
         return embeds, mask.to(self.device), positions.to(self.device)
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
         # through the model's own embedding module: Gemma scales embeddings by sqrt(hidden)
         return self.model.get_input_embeddings()(ids)
 
-    def _forward(self, embeds, mask, positions, cache, prefix: SharedPrefix | None = None) -> torch.Tensor:
+    def run(self, embeds, mask, positions, cache, prefix: SharedPrefix | None = None) -> torch.Tensor:
         """The decoder's last hidden states; with `prefix`, `cache` holds only the rows' own
         tokens and every row attends to the prefix's cache too."""
         self.positions_computed += embeds.shape[0] * embeds.shape[1]
@@ -203,7 +251,7 @@ class Forward:
         self.logit_rows_computed += hidden.numel() // hidden.shape[-1]
         return self.transform(self.model.get_output_embeddings()(hidden).float())
 
-    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The likeliest token after each hidden state (rows, hidden): the LM head's argmax."""
         head = self.model.get_output_embeddings()
         # Slices pay off where memory traffic is the cost (measured on CPU); on an accelerator
@@ -215,7 +263,7 @@ class Forward:
         self.logit_rows_computed += hidden.shape[0]
         return _argmax_by_vocab_chunks(hidden, head, self.transform)
 
-    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) for each row, computing the vocabulary in chunks to bound memory."""
         out = []
         for s in range(0, len(targets), self.logits_chunk):

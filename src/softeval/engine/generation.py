@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psutil
 import torch
 from transformers import DynamicCache
 
-from softeval.engine.decoding import MAX_DRAFT, Decoder
-from softeval.engine.forward import Advance, SharedPrefix, cut_batches
+from softeval.engine.decoding import MAX_DRAFT, Decoder, DraftCounts
+from softeval.engine.forward import Advance, Forward, SharedPrefix, cut_batches
 from softeval.engine.pool import GrowingLayer, Pool, RepackPart, pad_left, slot_cache
 from softeval.engine.text import Completion
 from softeval.models import kept_free_bytes
@@ -76,21 +76,61 @@ def kv_cache_budget(device: torch.device) -> int:
     return int(min(KV_CACHE_BYTES_MAX, max(KV_CACHE_BYTES_MIN, KV_MEMORY_SHARE * free)))
 
 
-def _kv_shape(config) -> tuple[int, int]:
-    """Key/value heads and the size of each, as a layer's cache holds them."""
+# (heads, size) of a cache layer's keys and of its values
+Shapes = tuple[tuple[int, int], tuple[int, int]]
+
+
+@torch.inference_mode()
+def cache_shapes(forward: Forward) -> list[Shapes]:
+    """Each layer's key and value shapes, (heads, size) each, as the model's own cache holds them,
+    read from a one-token pass: most models cache keys and values of their key/value heads, but
+    multi-head latent attention (DeepSeek-V3) caches a compressed latent and a rotary key, each
+    of their own size, and expands them after the cache."""
+    cache = DynamicCache(config=forward.text_config)
+    one = torch.zeros(1, 1, dtype=torch.long, device=forward.device)
+    forward.decoder(inputs_embeds=forward.embed(one), attention_mask=torch.ones_like(one), position_ids=one, cache=cache, use_cache=True)
+    return [((layer.keys.shape[1], layer.keys.shape[3]), (layer.values.shape[1], layer.values.shape[3])) for layer in cache.layers]
+
+
+def attention_shape(config) -> tuple[int, int]:
+    """Key/value heads and the size of each, as attention reads them."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return heads, head_dim
 
 
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(shapes: list[Shapes], dtype: torch.dtype) -> int:
     """Bytes one token takes in the KV cache: keys and values of every layer."""
-    heads, head_dim = _kv_shape(config)
-    return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
+    return sum(heads * size for layer in shapes for heads, size in layer) * dtype.itemsize
 
 
 class Generation:
     """`generate`: greedy completions by continuous batching over decoding pools."""
+
+    def __init__(self, forward: Forward, decode_rows: int = DECODE_ROWS, kv_cache_bytes: int | None = None):
+        self.forward = forward
+        self.decode_rows = decode_rows
+        self.shapes = cache_shapes(forward)
+        self.kv_cache_bytes = kv_cache_bytes or kv_cache_budget(forward.device)
+        self.kv_positions = max(1, self.kv_cache_bytes // kv_bytes_per_token(self.shapes, forward.model.dtype))
+        # A shared prefix is kept apart from the rows' caches where the engine's SDPA function
+        # can attend to it: its cache must hold the keys and values attention reads (not a
+        # latent they are expanded from), and not with eager attention, capped attention scores
+        # (Gemma 2) or sliding layers other than one window counted in positions (chunked
+        # attention).
+        self.prefix_apart = (
+            forward.attention == "sdpa"
+            and all(layer == (attention_shape(forward.text_config),) * 2 for layer in self.shapes)
+            and not getattr(forward.text_config, "attn_logit_softcapping", None)
+            and (forward.slides or not any(forward.sliding_layers))
+        )
+        # Rotary scalings that change with the largest position in a batch would see a draft's
+        # positions before plain decoding reaches them: no drafts for those models.
+        self.speculates = not _rope_depends_on_length(forward.text_config)
+        # called, where set, with the prompts joining a decoding pool and the logits their first
+        # tokens are chosen from: the self-check compares their log-probabilities
+        self.observe_admission: Callable[[list[int], torch.Tensor], None] | None = None
+        self.drafts = DraftCounts()  # drafts proposed and kept, over the engine's life
 
     @torch.inference_mode()
     def generate(
@@ -109,8 +149,8 @@ class Generation:
         dropped. Steps then also verify draft tokens (see `Decoder`), which take the last rows
         several tokens a step. A prompt much narrower than the pool (POOL_WIDTH_RATIO) waits for
         a pool of its own: until then the pool decodes as if the queue were drained."""
-        prefix = self._encode_prefix(prompts, within_window=None) if self.prefix_apart else None
-        decoder = Decoder(self, prompts, stop, max_new_tokens, prefix)
+        prefix = self.forward.encode_prefix(prompts, within_window=None) if self.prefix_apart else None
+        decoder = Decoder(self.forward, self.drafts, prompts, stop, max_new_tokens, prefix)
         room = min(DECODE_ROOM, max_new_tokens)
         queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         pool: Pool | None = None
@@ -152,7 +192,7 @@ class Generation:
         if not pool.holes:
             return False
         span = pool.span()
-        if self.slides and span + 1 + MAX_DRAFT > self.window:
+        if self.forward.slides and span + 1 + MAX_DRAFT > self.forward.window:
             return True
         return 4 * (span - pool.longest()) > span
 
@@ -184,7 +224,7 @@ class Generation:
         arrivals = list(widths)
         for _ in arrivals:
             queue.popleft()
-        return cut_batches(arrivals, widths, free, self.token_budget)
+        return cut_batches(arrivals, widths, free, self.forward.token_budget)
 
     @staticmethod
     def _joinable(pool: Pool) -> bool:
@@ -199,6 +239,7 @@ class Generation:
         with the holes of rejected drafts is first repacked into a new buffer with slots for them
         (and the first batches make one). Joining rows are written where they will decode: the
         rows already decoding stay put."""
+        forward = self.forward
         widths = [max(self._own_width(prompts[i], prefix) for i in batch) for batch in batches]
         joining = sum(map(len, batches))
         if pool is None or pool.holes or pool.idle < joining or max(widths) > pool.width or pool.room() < needed:
@@ -211,9 +252,9 @@ class Generation:
         # would pay that read again and again.
         hidden = torch.cat([hidden for *_, hidden in encoded])
         if self.observe_admission is None:
-            chosen = self._greedy(hidden)
+            chosen = forward.greedy(hidden)
         else:  # the full logits, which the observer takes, choose the tokens too
-            logits = self.logits(hidden)
+            logits = forward.logits(hidden)
             self.observe_admission([i for batch in batches for i in batch], logits)
             chosen = logits.argmax(-1)
         next_tokens = chosen.split([len(batch) for batch in batches])
@@ -224,7 +265,7 @@ class Generation:
     def _own_width(self, sequence: list[int], prefix: SharedPrefix | None) -> int:
         """Columns a prompt takes in a pool's cache: all its tokens and the soft prompt, or with
         a shared prefix (kept apart, soft prompt included) the tokens after it."""
-        return len(sequence) + self.n_soft if prefix is None else len(sequence) - prefix.length
+        return len(sequence) + self.forward.n_soft if prefix is None else len(sequence) - prefix.length
 
     def _encode_into(
         self, pool: Pool, slots: list[int], batch: list[int], prompts: Sequence[list[int]], prefix: SharedPrefix | None
@@ -235,16 +276,17 @@ class Generation:
 
         With a shared prefix, only each row's own tokens are encoded and cached, left-padded,
         with positions continuing from the prefix, which every row attends to as well."""
+        forward = self.forward
         sequences = [prompts[i] for i in batch]
         if prefix is None:
-            embeds, mask, positions = self.inputs(sequences)
+            embeds, mask, positions = forward.inputs(sequences)
         else:
-            ids, mask = self._left_pad([s[prefix.length :] for s in sequences])
-            embeds = self._embed(ids)
+            ids, mask = forward.left_pad([s[prefix.length :] for s in sequences])
+            embeds = forward.embed(ids)
             positions = prefix.positions[:, -1:] + mask.cumsum(-1)
         cache, write_back = slot_cache(pool, slots, pool.width - mask.shape[1])
         # a copy: a view would keep the batch's whole output alive until the admission's LM head
-        hidden = self._forward(embeds, mask, positions, cache, prefix)[:, -1].clone()
+        hidden = forward.run(embeds, mask, positions, cache, prefix)[:, -1].clone()
         write_back()
         return mask, positions[:, -1:], hidden
 
@@ -254,14 +296,15 @@ class Generation:
         room for `room` more tokens, so decode steps write into place instead of copying the
         cache. Each live row keeps only the columns it attends to, right-aligned, zeros to
         their left (a pool with holes from rejected drafts is compacted)."""
-        part = None if pool is None else RepackPart.of(pool, self.device)
+        forward = self.forward
+        part = None if pool is None else RepackPart.of(pool, forward.device)
         live = 0 if part is None else len(part.keep)
         width = max(width, 0 if part is None else part.mask.shape[1])
-        heads, head_dim = _kv_shape(self.text_config)
         layers = []
-        for index, sliding in enumerate(self.sliding_layers):
-            key_room = torch.empty(live + free, heads, width + room, head_dim, dtype=self.model.dtype, device=self.device)
-            value_room = torch.empty_like(key_room)
+        for index, (sliding, shapes) in enumerate(zip(forward.sliding_layers, self.shapes)):
+            key_room, value_room = (
+                torch.empty(live + free, heads, width + room, size, dtype=forward.model.dtype, device=forward.device) for heads, size in shapes
+            )
             if part is not None:
                 layer = pool.cache.layers[index]
                 for buffer, states in ((key_room, layer.keys), (value_room, layer.values)):
@@ -269,11 +312,11 @@ class Generation:
                     buffer[:live, :, : width - states.shape[2]] = 0
                     buffer[:live, :, width - states.shape[2] : width] = states
             layers.append(GrowingLayer(key_room, value_room, width, sliding))
-        cache = DynamicCache(config=self.text_config)
+        cache = DynamicCache(config=forward.text_config)
         cache.layers = layers
-        mask = torch.zeros(live + free, width, dtype=torch.long, device=self.device)
-        positions = torch.zeros(live + free, 1, dtype=torch.long, device=self.device)
-        next_tokens = torch.zeros(live + free, dtype=torch.long, device=self.device)
+        mask = torch.zeros(live + free, width, dtype=torch.long, device=forward.device)
+        positions = torch.zeros(live + free, 1, dtype=torch.long, device=forward.device)
+        next_tokens = torch.zeros(live + free, dtype=torch.long, device=forward.device)
         rows: list[int | None] = [None] * (live + free)
         verified: list[list[int]] = [[] for _ in rows]
         if part is not None:
@@ -282,3 +325,11 @@ class Generation:
             for slot, old in enumerate(part.keep.tolist()):
                 rows[slot], verified[slot] = pool.rows[old], pool.verified[old]
         return Pool(rows, cache, mask, positions, next_tokens, verified)
+
+
+def _rope_depends_on_length(config) -> bool:
+    """Whether the rotary embedding is rescaled by the largest position in a batch (dynamic
+    NTK scaling, LongRoPE)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = [params] if "rope_type" in params else [p for p in params.values() if isinstance(p, dict)]
+    return any(kind.get("rope_type") in ("dynamic", "longrope") for kind in kinds)

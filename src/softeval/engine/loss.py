@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from softeval.engine.forward import Forward
+
 # Target positions of the tuning loss whose vocabulary logits are held at once.
 LOSS_CHUNK = 256
 
@@ -16,12 +18,15 @@ LOSS_CHUNK = 256
 class TuningLoss:
     """`target_loss`: the tuning loss, differentiable in the soft prompt and adapter weights."""
 
+    def __init__(self, forward: Forward):
+        self.forward = forward
+
     def target_loss(self, sequences: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
         """Summed cross-entropy of each target after its prompt (soft prompt included), one
         left-padded batch; differentiable in the soft prompt and any adapter weights."""
         targets = [target for _, target in sequences]
-        embeds, mask, positions = self.inputs([prompt + target for prompt, target in sequences])
-        hidden = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
+        embeds, mask, positions = self.forward.inputs([prompt + target for prompt, target in sequences])
+        hidden = self.forward.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state
         width, device = hidden.shape[1], hidden.device
         # the state at position i predicts token i + 1: for a target of n tokens at the right
         # edge, the predictors are the n positions just before the last one
@@ -46,4 +51,4 @@ class TuningLoss:
         return total
 
     def _summed_cross_entropy(self, states: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(self.logits(states), gold, reduction="sum")
+        return torch.nn.functional.cross_entropy(self.forward.logits(states), gold, reduction="sum")

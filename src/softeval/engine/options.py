@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from softeval.engine.forward import Advance, SharedPrefix
+from softeval.engine.forward import Advance, Forward, SharedPrefix
 from softeval.tasks import Cloze
 
 
@@ -35,6 +35,9 @@ def _repeated(cache: DynamicCache, rows: int) -> DynamicCache:
 class OptionScoring:
     """`loglikelihood`: each option's summed log-probability after its context."""
 
+    def __init__(self, forward: Forward):
+        self.forward = forward
+
     @torch.inference_mode()
     def loglikelihood(self, clozes: Sequence[Cloze], advance: Advance = lambda n: None) -> list[list[float]]:
         """Summed log-probability of each option's continuation given its context.
@@ -43,19 +46,21 @@ class OptionScoring:
         the positions it would take right after it, and a tree-shaped attention mask lets an
         option see the context and its own earlier tokens only. So the context is encoded once
         and no option needs a copy of its cache."""
+        forward = self.forward
         results: list[list[float] | None] = [None] * len(clozes)
         tails = [_tail(c) for c in clozes]
         # the options add no tokens after the longest context: no horizon
-        prefix = self._encode_prefix([c.context_ids for c in clozes], within_window=0)
-        for batch in self._length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
+        prefix = forward.encode_prefix([c.context_ids for c in clozes], within_window=0)
+        for batch in forward.length_buckets([len(c.context_ids) + len(t) for c, t in zip(clozes, tails)]):
             for i, scores in zip(batch, self._loglikelihood_batch([clozes[i] for i in batch], [tails[i] for i in batch], prefix)):
                 results[i] = scores
             advance(len(batch))
         return results  # type: ignore[return-value]
 
     def _loglikelihood_batch(self, clozes: list[Cloze], tails: list[list[int]], prefix: SharedPrefix | None) -> list[list[float]]:
+        forward = self.forward
         embeds, mask, positions, cache, columns = self._packed_inputs(clozes, tails, prefix)
-        hidden = self._forward(embeds, mask, positions, cache)
+        hidden = forward.run(embeds, mask, positions, cache)
         # Each option token is predicted by the state before it: the context's last state for its
         # first token, the option's own states after that.
         rows, cols, targets = [], [], []
@@ -67,8 +72,8 @@ class OptionScoring:
                     targets += option
         scores = []
         if targets:
-            picked = hidden[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)]
-            scores = self._token_logprobs(picked, torch.tensor(targets, device=self.device)).tolist()
+            picked = hidden[torch.tensor(rows, device=forward.device), torch.tensor(cols, device=forward.device)]
+            scores = forward.token_logprobs(picked, torch.tensor(targets, device=forward.device)).tolist()
         grouped, start = [], 0
         for cloze in clozes:
             per_option = []
@@ -85,13 +90,14 @@ class OptionScoring:
         tree-shaped 4D attention mask, position ids and the cache (the shared prefix's, or None),
         plus for each row the column of its context's last token and the column where each
         option's packed tokens begin (an option of fewer than two tokens has none there)."""
+        forward = self.forward
         if prefix is None:
-            embeds, plain_mask, _ = self.inputs([c.context_ids + t for c, t in zip(clozes, tails)])
+            embeds, plain_mask, _ = forward.inputs([c.context_ids + t for c, t in zip(clozes, tails)])
             first_position = 0
             cache = None
         else:
-            ids, plain_mask = self._left_pad([c.context_ids[prefix.length :] + t for c, t in zip(clozes, tails)])
-            embeds = self._embed(ids)
+            ids, plain_mask = forward.left_pad([c.context_ids[prefix.length :] + t for c, t in zip(clozes, tails)])
+            embeds = forward.embed(ids)
             first_position = int(prefix.positions[0, -1]) + 1
             cache = _repeated(prefix.cache, len(clozes))
         width = plain_mask.shape[1]
@@ -112,7 +118,7 @@ class OptionScoring:
                 starts.append(column)
                 column += n
             columns.append((context_end, starts))
-        segment, positions = segment.to(self.device), positions.to(self.device)
+        segment, positions = segment.to(forward.device), positions.to(forward.device)
         key_segment, key_positions = segment, positions
         if prefix is not None:
             prefix_segment = torch.where(prefix.mask[0] > 0, 0, -1).expand(len(clozes), -1)
@@ -126,24 +132,26 @@ class OptionScoring:
         included) and of the query's own option; a padding query only itself (and the prefix),
         so that no softmax row is empty. Window layers also need the key within the window,
         counted in positions as if the option directly followed the context."""
+        forward = self.forward
         queries, keys = segment.shape[1], key_segment.shape[1]
-        column = torch.arange(keys, device=self.device)[None, :]
-        own_column = torch.arange(queries, device=self.device)[:, None] + keys - queries
+        column = torch.arange(keys, device=forward.device)[None, :]
+        own_column = torch.arange(queries, device=forward.device)[:, None] + keys - queries
         query_segment, key_segment = segment[:, :, None], key_segment[:, None, :]
         allowed = (column <= own_column) & (key_segment >= 0) & ((key_segment == 0) | (key_segment == query_segment))
         allowed |= (query_segment < 0) & (column == own_column)
-        if not self.slides:
+        if not forward.slides:
             return self._as_mask(allowed)
         # a padding query's own key passes too: both sit at position 0
-        in_window = allowed & (key_positions[:, None, :] > (positions - self.window)[:, :, None])
-        if self.layer_types is None:  # every layer slides
+        in_window = allowed & (key_positions[:, None, :] > (positions - forward.window)[:, :, None])
+        if forward.layer_types is None:  # every layer slides
             return self._as_mask(in_window)
         return {"full_attention": self._as_mask(allowed), "sliding_attention": self._as_mask(in_window)}
 
     def _as_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """(rows, 1, queries, keys): boolean for SDPA, additive for eager attention."""
+        forward = self.forward
         allowed = allowed[:, None]
-        if self.attention == "sdpa":
+        if forward.attention == "sdpa":
             return allowed
-        blocked = torch.finfo(self.model.dtype).min
-        return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill(~allowed, blocked)
+        blocked = torch.finfo(forward.model.dtype).min
+        return torch.zeros(allowed.shape, dtype=forward.model.dtype, device=forward.device).masked_fill(~allowed, blocked)

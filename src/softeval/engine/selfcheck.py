@@ -348,9 +348,9 @@ def _fast(engine: Engine, probe: _Probe) -> _Measures:
     def observe(rows: list[int], logits: torch.Tensor) -> None:
         joined.update(zip(rows, torch.log_softmax(logits, dim=-1).float().cpu()))
 
-    engine.observe_admission = observe
+    engine.generation.observe_admission = observe
     greedy = [_tokens_with_end(c) for c in engine.generate(probe.prompts, [], PROBE_NEW_TOKENS)]
-    engine.observe_admission = None
+    engine.generation.observe_admission = None
     next_token = torch.stack([plain, torch.stack([joined[i] for i in range(len(probe.prompts))])])
     options = [x for row in engine.loglikelihood([Cloze(p, o) for p, o in zip(probe.prompts, probe.options)]) for x in row]
     loss = float(engine.target_loss(probe.targets(greedy)))
