@@ -217,7 +217,6 @@ def build_model(name: str, tokenizer, seed: int = 0):
 # The path each architecture's self-check chooses, and why the reference for those that take it.
 REFERENCE_PATH = {
     "falcon-alibi": "ALiBi position biases",
-    "bloom": "ALiBi position biases",
     "mpt": "ALiBi position biases",
     "mamba": "no attention heads",
     "mamba2": "no attention heads",

@@ -124,6 +124,24 @@ def test_multi_head_latent_attention_decodes_from_its_compressed_cache(tokenizer
     assert not engine.generation.prefix_apart
 
 
+def test_alibi_biases_come_from_the_models_own_slopes_and_each_keys_position(tokenizer):
+    """BLOOM runs on the fast path with its ALiBi slopes read from its own builder (for a
+    power-of-two head count, the ALiBi paper's 2^(-8i/n)) and applied at the positions the
+    engine gives each key: an option packed after another sits at the positions it would
+    take right after its context (the conformance tests above check the scores themselves)."""
+    lm = loaded("bloom", tokenizer)
+    heads = lm.model.config.n_head
+    engine = start_engine(lm)
+    assert isinstance(engine, Engine)
+    assert engine.forward.alibi_slopes.tolist() == pytest.approx([2 ** (-8 * (i + 1) / heads) for i in range(heads)])
+    keys = torch.tensor([[0, 1, 2, 3, 3, 4]])  # a context of three tokens, then two options starting at position 3
+    with engine.forward._alibi_at(keys):
+        biases = engine.forward.decoder.build_alibi_tensor(None, heads, torch.float32)
+    assert biases.shape == (heads, 1, 6)
+    torch.testing.assert_close(biases[:, 0], engine.forward.alibi_slopes[:, None] * keys.float())
+    assert "build_alibi_tensor" not in vars(engine.forward.decoder)  # the model's own builder again
+
+
 @pytest.mark.parametrize("name", sorted(REFERENCE_PATH))
 def test_the_reference_path_batches_rows_as_if_each_ran_alone(name, tokenizer):
     """Rows of different lengths, batched where the self-check allows it, give each row's

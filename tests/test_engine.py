@@ -633,11 +633,11 @@ def _record_forwards(engine: Engine) -> list[int]:
     seen: list[int] = []
     forward = engine.forward.run
 
-    def recording(embeds, mask, positions, cache, prefix=None):
+    def recording(embeds, mask, positions, cache, prefix=None, **options):
         if embeds.shape[1] > 1:
             keys = next(iter(mask.values())) if isinstance(mask, dict) else mask  # (rows, [1, queries,] keys)
             seen.append(keys.shape[0] * keys.shape[-1])
-        return forward(embeds, mask, positions, cache, prefix)
+        return forward(embeds, mask, positions, cache, prefix, **options)
 
     engine.forward.run = recording
     return seen

@@ -127,11 +127,15 @@ def test_results_record_the_path_and_the_figures(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("name", ["mpt", "bloom"])
-def test_alibi_models_fail_the_measured_check_too(tokenizer, monkeypatch, name):
-    """ALiBi models go to the reference path by their config; were they not known, the probe
-    would send them there: MPT's bias follows key columns, where packed options sit apart from
-    their positions, and BLOOM's attention cannot take the fast path's 4D masks."""
+def test_alibi_models_fail_the_measured_check_without_the_engines_biases(tokenizer, monkeypatch, name):
+    """MPT goes to the reference path by its config, and BLOOM takes the fast path with ALiBi
+    biases the engine sets; were neither known, the probe would send them to the reference
+    path: MPT's bias follows key columns, where packed options sit apart from their positions,
+    and BLOOM's builder cannot read the fast path's 4D masks."""
+    import softeval.engine.forward as engine_forward
+
     monkeypatch.setattr(selfcheck, "_alibi", lambda config: False)
+    monkeypatch.setattr(engine_forward, "_alibi_slopes", lambda decoder: None)
     verdict = check_model(loaded(name, tokenizer))
     assert verdict.path == "reference"
     expected = {"mpt": "the fast path's option log-likelihoods differ", "bloom": "the fast path failed on the probe (ValueError"}[name]

@@ -7,7 +7,8 @@ engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,16 @@ def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, transfo
     return torch.stack(indices, -1).gather(-1, best)[:, 0]
 
 
+def _alibi_slopes(decoder) -> torch.Tensor | None:
+    """Each head's ALiBi slope, read from the decoder's own `build_alibi_tensor` (a key one
+    position on has the slope as its bias), or None where the decoder has none."""
+    build = getattr(decoder, "build_alibi_tensor", None)
+    heads = getattr(decoder, "num_heads", None)
+    if build is None or heads is None:
+        return None
+    return build(torch.ones(1, 2, dtype=torch.long), heads, torch.float32)[:, 0, 1].clone()
+
+
 def _common_prefix_length(sequences: Sequence[list[int]]) -> int:
     first, n = sequences[0], min(len(s) for s in sequences)
     for i in range(n):
@@ -143,6 +154,10 @@ class Forward:
                 f"{lm.name}: attention implementation {self.attention!r} is not supported; load the model with 'sdpa' or 'eager'"
             )
         self.transform = LogitTransform.of(lm.model)
+        # ALiBi slopes, one per head, where the decoder builds its ALiBi biases from the 2D
+        # attention mask through `build_alibi_tensor` (BLOOM): with a 4D mask of the engine's own
+        # the engine hands it biases from each key's position instead
+        self.alibi_slopes = _alibi_slopes(self.decoder)
         # positions run through the transformer and through the LM head, padding included:
         # the work actually done, for throughput figures
         self.positions_computed = 0
@@ -227,15 +242,39 @@ class Forward:
         # through the model's own embedding module: Gemma scales embeddings by sqrt(hidden)
         return self.model.get_input_embeddings()(ids)
 
-    def run(self, embeds, mask, positions, cache, prefix: SharedPrefix | None = None) -> torch.Tensor:
+    def run(
+        self, embeds, mask, positions, cache, prefix: SharedPrefix | None = None, key_positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The decoder's last hidden states; with `prefix`, `cache` holds only the rows' own
-        tokens and every row attends to the prefix's cache too."""
+        tokens and every row attends to the prefix's cache too. `key_positions` (rows, keys:
+        the cache's and the new ones) go with a 4D mask: where the model adds ALiBi biases,
+        they are taken from these positions rather than counted along the mask."""
         self.positions_computed += embeds.shape[0] * embeds.shape[1]
-        with stacked_gqa(self.decoder.config, None if prefix is None else self._prefix_keys(prefix, positions)):
+        with stacked_gqa(self.decoder.config, None if prefix is None else self._prefix_keys(prefix, positions)), self._alibi_at(key_positions):
             out = self.decoder(
                 inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None
             )
         return out.last_hidden_state
+
+    @contextmanager
+    def _alibi_at(self, key_positions: torch.Tensor | None) -> Iterator[None]:
+        """Within the block, the decoder's ALiBi biases (if it has them) are each head's slope
+        times each key's position in `key_positions`, as the model builds them from a 2D mask's
+        running count."""
+        if self.alibi_slopes is None or key_positions is None:
+            yield
+            return
+        slopes = self.alibi_slopes.to(key_positions.device)
+
+        def biases(attention_mask, num_heads, dtype):
+            alibi = slopes[None, :, None] * key_positions[:, None, :].float()  # (rows, heads, keys)
+            return alibi.reshape(-1, 1, key_positions.shape[1]).to(dtype)
+
+        self.decoder.build_alibi_tensor = biases
+        try:
+            yield
+        finally:
+            del self.decoder.build_alibi_tensor  # the class's own again
 
     def _prefix_keys(self, prefix: SharedPrefix, positions: torch.Tensor) -> PrefixKeys:
         """A shared prefix as queries at `positions` (rows, queries) attend to it. A sliding

@@ -59,8 +59,8 @@ class OptionScoring:
 
     def _loglikelihood_batch(self, clozes: list[Cloze], tails: list[list[int]], prefix: SharedPrefix | None) -> list[list[float]]:
         forward = self.forward
-        embeds, mask, positions, cache, columns = self._packed_inputs(clozes, tails, prefix)
-        hidden = forward.run(embeds, mask, positions, cache)
+        embeds, mask, positions, key_positions, cache, columns = self._packed_inputs(clozes, tails, prefix)
+        hidden = forward.run(embeds, mask, positions, cache, key_positions=key_positions)
         # Each option token is predicted by the state before it: the context's last state for its
         # first token, the option's own states after that.
         rows, cols, targets = [], [], []
@@ -87,7 +87,8 @@ class OptionScoring:
     def _packed_inputs(self, clozes: list[Cloze], tails: list[list[int]], prefix: SharedPrefix | None):
         """Inputs of a batch of contexts, each followed by its options but their last tokens,
         left-padded (`tails`: what follows each context, see `_tail`): embeddings, the
-        tree-shaped 4D attention mask, position ids and the cache (the shared prefix's, or None),
+        tree-shaped 4D attention mask, position ids of the queries and of the keys (the shared
+        prefix's included) and the cache (the shared prefix's, or None),
         plus for each row the column of its context's last token and the column where each
         option's packed tokens begin (an option of fewer than two tokens has none there)."""
         forward = self.forward
@@ -125,7 +126,7 @@ class OptionScoring:
             key_segment = torch.cat([prefix_segment, segment], dim=1)
             key_positions = torch.cat([prefix.positions.expand(len(clozes), -1), positions], dim=1)
         mask = self._tree_mask(segment, positions, key_segment, key_positions)
-        return embeds, mask, positions, cache, columns
+        return embeds, mask, positions, key_positions, cache, columns
 
     def _tree_mask(self, segment, positions, key_segment, key_positions):
         """Which keys each query attends to: earlier columns of the context (the shared prefix's

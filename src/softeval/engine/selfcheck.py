@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache
 
 from softeval.engine.fast import Engine
-from softeval.engine.forward import TOKEN_BUDGET
+from softeval.engine.forward import TOKEN_BUDGET, _alibi_slopes
 from softeval.engine.reference import GENERATION_ROWS, ReferenceEngine
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
@@ -157,8 +157,8 @@ def fast_path_unsupported(model) -> str | None:
             return "it has no attention heads (a state-space model)"
         if attention not in ("sdpa", "eager"):
             return f"its attention kernel is {attention!r}; the fast path runs SDPA or eager attention (load it with attn_implementation='sdpa')"
-        if _alibi(config):
-            return "its attention adds ALiBi position biases, which the fast path's packed options and 4D masks do not carry"
+        if _alibi(config) and _alibi_slopes(model.get_decoder()) is None:
+            return "its attention adds ALiBi position biases that it builds other than from the mask (build_alibi_tensor, as BLOOM does), so the fast path's packed options and 4D masks cannot set them"
         layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers}
     except Exception as exc:  # noqa: BLE001 - a model the fast path cannot even read
         return f"the fast path cannot read its structure ({type(exc).__name__}: {_first_line(exc)})"
@@ -169,9 +169,10 @@ def fast_path_unsupported(model) -> str | None:
 
 
 def _alibi(config) -> bool:
-    """Whether attention adds ALiBi position biases (BLOOM; Falcon and MPT where set). Their
-    error on the fast path is small enough (a few hundredths of a nat a token on the check's
-    probe) to hide in half precision's rounding, so they are known rather than measured."""
+    """Whether attention adds ALiBi position biases (BLOOM; Falcon and MPT where set). Where
+    the fast path cannot set them, their error there is small enough (a few hundredths of a nat
+    a token on the check's probe) to hide in half precision's rounding, so those models are
+    known rather than measured."""
     attn_config = getattr(config, "attn_config", None)  # MPT's: a config object or a dict
     mpt = attn_config.get("alibi") if isinstance(attn_config, dict) else getattr(attn_config, "alibi", False)
     return config.model_type == "bloom" or bool(getattr(config, "alibi", False)) or bool(mpt)
