@@ -82,6 +82,48 @@ def test_option_probabilities_are_the_models_own_and_sum_to_one(tiny_llama, tmp_
         assert result.metrics[name].value is not None, name
 
 
+def test_cloze_bits_per_byte_count_every_byte_scored_when_the_context_ends_in_a_space(tiny_llama, tmp_path):
+    """A cloze template ending in a space: the space moves into each option when encoded (as
+    lm-evaluation-harness splits a pair), so an option's tokens encode that space and the
+    delimiter before its text, and its bits per byte count both."""
+    from softeval.tasks import PromptBuilder, load_examples
+
+    rows = [{"q": "Capital of Österreich?", "a": "Wien", "b": "Zürich", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
+    spec = load_task(write_user_task(tmp_path, rows, cloze_template="Question: {{ question }}\nAnswer: "))
+    builder = PromptBuilder(spec, tiny_llama)
+    result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+    for sample, example in zip(result.samples, load_examples(spec, "test", None)):
+        row = rows[sample.index]
+        scored = "  " + [row["a"], row["b"]][row["gold"]]  # the context's trailing space, then the delimiter
+        assert tiny_llama.tokenizer.decode(builder.cloze(example).continuation_ids[row["gold"]]) == scored
+        expected = -sample.option_loglikelihoods[row["gold"]] / (math.log(2) * len(scored.encode()))
+        assert sample.cloze_gold_bpb == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_cell_whose_cloze_bytes_an_earlier_version_counted_short_is_evaluated_again(tiny_llama, tmp_path):
+    """Judging a finished cell again cannot recount its cloze bits per byte (that needs the
+    tokenizer): a cell an earlier version counted one byte short (no `cloze_bytes` in its
+    versions, cloze contexts ending in a space) is refused, so the study evaluates it again."""
+    from softeval.errors import SoftevalError
+    from softeval.scoring import CLOZE_BYTES
+    from softeval.study.evaluation import rejudge
+
+    rows = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
+    for template, refused in (("Question: {{ question }}\nAnswer: ", True), ("Question: {{ question }}\nAnswer:", False)):
+        spec = load_task(write_user_task(tmp_path, rows, cloze_template=template))
+        result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+        assert result.versions["cloze_bytes"] == CLOZE_BYTES
+        folder = result.save(tmp_path / "now")
+        assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) is None
+        del result.versions["cloze_bytes"]  # as an earlier version recorded it
+        folder = result.save(tmp_path / "earlier")
+        if refused:
+            with pytest.raises(SoftevalError, match="counted its cloze bits per byte one byte short"):
+                rejudge(folder, spec, data_dir=None, limit=None, seed=0)
+        else:
+            assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) is None
+
+
 def test_a_target_that_does_not_name_its_option_scores_the_gold_target_alone(tiny_llama, tmp_path):
     rows = [{"q": "Capital of France?", "a": "Paris", "b": "Rome", "gold": 0}, {"q": "Capital of Italy?", "a": "Paris", "b": "Rome", "gold": 1}]
     spec = load_task(write_user_task(tmp_path, rows, target=" {{ q }}"))

@@ -173,7 +173,8 @@ def _drop_one_at_a_time(builder: PromptBuilder, example: Example, cloze: bool) -
                 context = pairs[0][0]
                 if overflow > 0:
                     context = context[:keep] + context[keep + overflow :]
-                return Cloze(context, [o for _, o in pairs], truncated=overflow > 0, n_demos=len(demos))
+                scored = [(" " if text.endswith(" ") else "") + delimiter + c for c in example.choices]  # what the option tokens encode
+                return Cloze(context, [o for _, o in pairs], truncated=overflow > 0, n_demos=len(demos), continuation_texts=scored)
         demos = demos[1:]
 
 

@@ -135,7 +135,7 @@ def test_alibi_models_fail_the_measured_check_without_the_engines_biases(tokeniz
     import softeval.engine.forward as engine_forward
 
     monkeypatch.setattr(selfcheck, "_alibi", lambda config: False)
-    monkeypatch.setattr(engine_forward, "_alibi_slopes", lambda decoder: None)
+    monkeypatch.setattr(engine_forward, "alibi_slopes", lambda decoder: None)
     verdict = check_model(loaded(name, tokenizer))
     assert verdict.path == "reference"
     expected = {"mpt": "the fast path's option log-likelihoods differ", "bloom": "the fast path failed on the probe (ValueError"}[name]

@@ -42,7 +42,7 @@ class Decoder:
         self, forward: Forward, drafts: DraftCounts, prompts: Sequence[list[int]], stop: Sequence[str], max_new_tokens: int,
         prefix: SharedPrefix | None = None,
     ):
-        self.forward, self.drafts, self.prompts, self.max_new_tokens, self.prefix = forward, drafts, prompts, max_new_tokens, prefix
+        self.forward, self.draft_counts, self.prompts, self.max_new_tokens, self.prefix = forward, drafts, prompts, max_new_tokens, prefix
         self.eos = set(forward.lm.eos_token_ids)
         self.texts = [TextStream(forward.lm.tokenizer, stop) for _ in prompts]
         self.lookups: dict[int, _PromptLookup] = {}  # rows that have drafted
@@ -101,7 +101,7 @@ class Decoder:
         fewer drafts than others repeats its token in masked columns). A row keeps its drafts
         up to the first the model would not have chosen; its next token is the model's choice
         after the last one kept. Rejected drafts' columns stay in the cache, masked."""
-        forward, counts = self.forward, self.drafts
+        forward, counts = self.forward, self.draft_counts
         rows, width, new = len(pool.rows), pool.mask.shape[1], 1 + max(map(len, drafts))
         live = [slot for slot, row in enumerate(pool.rows) if row is not None]
         ids = pool.next_tokens[:, None].repeat(1, new)

@@ -93,7 +93,7 @@ def _argmax_by_vocab_chunks(hidden: torch.Tensor, head: torch.nn.Linear, transfo
     return torch.stack(indices, -1).gather(-1, best)[:, 0]
 
 
-def _alibi_slopes(decoder) -> torch.Tensor | None:
+def alibi_slopes(decoder) -> torch.Tensor | None:
     """Each head's ALiBi slope, read from the decoder's own `build_alibi_tensor` (a key one
     position on has the slope as its bias), or None where the decoder has none."""
     build = getattr(decoder, "build_alibi_tensor", None)
@@ -157,7 +157,7 @@ class Forward:
         # ALiBi slopes, one per head, where the decoder builds its ALiBi biases from the 2D
         # attention mask through `build_alibi_tensor` (BLOOM): with a 4D mask of the engine's own
         # the engine hands it biases from each key's position instead
-        self.alibi_slopes = _alibi_slopes(self.decoder)
+        self.alibi_slopes = alibi_slopes(self.decoder)
         # positions run through the transformer and through the LM head, padding included:
         # the work actually done, for throughput figures
         self.positions_computed = 0

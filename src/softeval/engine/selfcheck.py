@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache
 
 from softeval.engine.fast import Engine
-from softeval.engine.forward import TOKEN_BUDGET, _alibi_slopes
+from softeval.engine.forward import TOKEN_BUDGET, alibi_slopes
 from softeval.engine.reference import GENERATION_ROWS, ReferenceEngine
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
@@ -157,8 +157,9 @@ def fast_path_unsupported(model) -> str | None:
             return "it has no attention heads (a state-space model)"
         if attention not in ("sdpa", "eager"):
             return f"its attention kernel is {attention!r}; the fast path runs SDPA or eager attention (load it with attn_implementation='sdpa')"
-        if _alibi(config) and _alibi_slopes(model.get_decoder()) is None:
-            return "its attention adds ALiBi position biases that it builds other than from the mask (build_alibi_tensor, as BLOOM does), so the fast path's packed options and 4D masks cannot set them"
+        if _alibi(config) and alibi_slopes(model.get_decoder()) is None:
+            return ("its attention adds ALiBi position biases that the fast path cannot set (it sets them through the model's own "
+                    "build_alibi_tensor, as BLOOM has), so its packed options and 4D masks would misplace them")
         layers = {type(layer).__name__ for layer in DynamicCache(config=config).layers}
     except Exception as exc:  # noqa: BLE001 - a model the fast path cannot even read
         return f"the fast path cannot read its structure ({type(exc).__name__}: {_first_line(exc)})"

@@ -7,6 +7,7 @@ from softeval._lazy import lazy_exports
 
 EXPORTS = {
     # likelihood
+    "CLOZE_BYTES": "likelihood",
     "GOLD_MEANINGS": "likelihood",
     "GOLD_METRICS": "likelihood",
     "LOWER_IS_BETTER": "likelihood",

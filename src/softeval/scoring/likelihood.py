@@ -48,6 +48,12 @@ GOLD_MEANINGS = {
 }
 
 
+# How cloze bits per byte count a continuation's bytes, a version recorded in a cell's versions. 2: the text
+# its tokens encode, a space its context ended in included (1 counted from the option's text
+# alone, one byte short where a cloze context ends in a space).
+CLOZE_BYTES = "2"
+
+
 def bits_per_byte(loglikelihood: float, text: str) -> float | None:
     """-loglikelihood / (ln 2 x bytes of `text`); None where the text is empty or unscorable."""
     n_bytes = len(text.encode("utf-8"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from softeval.engine import Engine, ReferenceEngine
 from softeval.formats import Example
 from softeval.progress import Bars
-from softeval.scoring.likelihood import gold_aggregate, gold_fields
+from softeval.scoring.likelihood import CLOZE_BYTES, gold_aggregate, gold_fields
 from softeval.scoring.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.tasks import PromptBuilder, TaskSpec
 
@@ -83,7 +83,7 @@ def run_examples(
             choices=example.choices,
             **judgement.model_dump(),
             **gold_fields(example, *(answers[i] or (None, None)), loglikelihoods[i] if loglikelihoods else None,
-                          builder.cloze_texts(example) if loglikelihoods else None),
+                          [text for cloze in requests[i] for text in cloze.continuation_texts] if requests else None),
         )
         samples.append(sample)
     return samples, timings
@@ -104,7 +104,7 @@ def _gold_loglikelihoods(examples: list[Example], prompts: list, builder: Prompt
 
 def package_versions() -> dict:
     names = ("softeval", "torch", "transformers", "datasets")
-    return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version()}
+    return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version(), "cloze_bytes": CLOZE_BYTES}
 
 
 @functools.cache

@@ -16,8 +16,8 @@ from softeval.engine import start_engine
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.progress import progress_bars
-from softeval.scoring import EvalResult, package_versions, parsers_version, run_examples, score_sample, scores
-from softeval.tasks import PromptBuilder, TaskSpec, choose_demos, data_identity, load_examples, with_answer_words
+from softeval.scoring import CLOZE_BYTES, EvalResult, package_versions, parsers_version, run_examples, score_sample, scores
+from softeval.tasks import PromptBuilder, TaskSpec, choose_demos, cloze_context_ends_in_space, data_identity, load_examples, with_answer_words
 from softeval.tuning import METHODS, identity_keys, Adapter, Method, SoftPrompt, check_made_for, lora_applied
 
 log = logging.getLogger("softeval")
@@ -141,6 +141,15 @@ def template_unused(facts: dict, chat: bool) -> bool:
     return bool(facts.get("post_trained")) and not chat and facts.get("role") != "base"
 
 
+def _cloze_bytes_short(result: EvalResult, spec: TaskSpec, examples: list) -> bool:
+    """Whether a cell's cloze bits per byte were counted by the rule that left out the space a
+    plain cloze context ends in. A chat context ends in the chat template's generation prompt,
+    which cannot be told here without the tokenizer (and is not known to end in a space)."""
+    if not spec.is_multiple_choice or result.config.get("chat") or result.versions.get("cloze_bytes") == CLOZE_BYTES:
+        return False
+    return any(cloze_context_ends_in_space(spec, example) for example in examples)
+
+
 def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int, facts: dict | None = None) -> int | None:
     """Judge a finished cell's completions again by this version's parsers, which may read them
     otherwise than the version that evaluated the cell, and rewrite the cell if anything it
@@ -157,6 +166,8 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     by_index = {e.index: e for e in examples}
     if sorted(s.index for s in result.samples) != sorted(by_index):
         raise SoftevalError(f"{folder}: its samples are not the rows of task {spec.name}'s data")
+    if _cloze_bytes_short(result, spec, examples):
+        raise SoftevalError(f"{folder}: an earlier softeval counted its cloze bits per byte one byte short (its cloze contexts end in a space)")
     answer_format = spec.format
     samples = []
     for s in result.samples:
@@ -178,7 +189,10 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
         return None
     changed = sum(new != old for new, old in zip(samples, result.samples))
     result.samples, result.metrics, result.diagnostics, result.config = samples, metrics, diagnostics, config
-    result.versions = result.versions | {"parsers": parsers_version()}
+    # the cloze byte rule is recorded where the cell's byte counts are known to follow it: a
+    # plain cell that passed `_cloze_bytes_short`, or one without options
+    counted = {} if spec.is_multiple_choice and result.config.get("chat") else {"cloze_bytes": CLOZE_BYTES}
+    result.versions = result.versions | {"parsers": parsers_version()} | counted
     result.save(folder)
     return changed
 

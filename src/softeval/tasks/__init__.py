@@ -17,6 +17,7 @@ EXPORTS = {
     # prompts
     "Cloze": "prompts",
     "PromptBuilder": "prompts",
+    "cloze_context_ends_in_space": "prompts",
     "choose_demos": "prompts",
     "tuning_target": "prompts",
     # spec

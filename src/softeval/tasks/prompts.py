@@ -35,6 +35,22 @@ class Cloze:
     continuation_ids: list[list[int]]
     truncated: bool = False
     n_demos: int = 0
+    # the text each continuation's tokens encode, as scored: a context's trailing space moves
+    # into its continuations (`_encode_pair`), and its bytes count for bits per byte
+    continuation_texts: list[str] | None = None
+
+
+def cloze_context_ends_in_space(spec: TaskSpec, example: Example) -> bool:
+    """Whether a plain (not chat) cloze context of `example` ends in a space, which moves into
+    its options when they are encoded (each option's context, with partial scoring)."""
+    contexts = example.cloze_contexts if example.cloze_contexts is not None else [None]
+    return any(spec.render("cloze_template", example, **({} if c is None else {"cloze_context": c})).endswith(" ") for c in contexts)
+
+
+def _moved_space(context: str) -> str:
+    """What of a context's end moves into its continuations when they are encoded: a trailing
+    space, which tokenizers attach to the word after it."""
+    return " " if context.endswith(" ") else ""
 
 
 def _gold_context(example: Example) -> str | None:
@@ -129,14 +145,16 @@ class PromptBuilder:
         scoring), the context is that option's and the continuation the example's one continuation."""
         continuations = self._continuations(example, partial=option_context is not None)
 
-        def attempt(shown: list[Example]) -> tuple[int, list[tuple[list[int], list[int]]]]:
+        def attempt(shown: list[Example]) -> tuple[int, tuple[str, list[tuple[list[int], list[int]]]]]:
             context = self._assemble(example, shown, cloze=True, option_context=option_context)
             pairs = [self._encode_pair(context, text) for text in continuations]
-            return max(len(c) + len(o) for c, o in pairs), pairs
+            return max(len(c) + len(o) for c, o in pairs), (context, pairs)
 
-        n, longest, pairs = self._most_recent_that_fit(example, attempt, cloze=True, most=most_demos)
+        n, longest, (context, pairs) = self._most_recent_that_fit(example, attempt, cloze=True, most=most_demos)
         overflow = max(0, longest - self.budget)
-        return Cloze(self._drop_oldest(pairs[0][0], overflow), [o for _, o in pairs], truncated=overflow > 0, n_demos=n)
+        scored = [_moved_space(context) + text for text in continuations]
+        return Cloze(self._drop_oldest(pairs[0][0], overflow), [o for _, o in pairs], truncated=overflow > 0, n_demos=n,
+                     continuation_texts=scored)
 
     def _continuations(self, example: Example, partial: bool) -> list[str]:
         """The texts cloze scoring continues a context with: each option after the delimiter, or
@@ -145,12 +163,6 @@ class PromptBuilder:
         if partial:
             return [delimiter + (example.cloze_continuation or "").strip()]
         return [delimiter + text for text in example.choices or []]
-
-    def cloze_texts(self, example: Example) -> list[str]:
-        """The text each option's cloze log-likelihood scored (its bytes count for bits per byte)."""
-        if example.cloze_contexts is not None:
-            return self._continuations(example, partial=True) * len(example.cloze_contexts)
-        return self._continuations(example, partial=False)
 
     # --- the answer after the generation prompt (gold likelihood) ------------------------------
 
@@ -264,8 +276,8 @@ class PromptBuilder:
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Split tokens as lm-evaluation-harness does: encode the whole, cut at the context's length,
         so a continuation tokenises as it would inside the full text."""
-        if context.endswith(" "):
-            context, continuation = context[:-1], " " + continuation
+        moved = _moved_space(context)
+        context, continuation = context[: len(context) - len(moved)], moved + continuation
         whole = self._tokens(context + continuation)
         n_context = len(self._tokens(context))
         return whole[:n_context], whole[n_context:]
