@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from softeval.analysis.series import budgets, decision_accuracy, decisions, earliest_decision, recipe_noise, signal_to_noise
+from softeval.analysis.series import budgets, decision_accuracy, decisions, earliest_decision, recipe_noise, spread_over_noise
 from softeval.errors import SoftevalError
 
 ROWS = 400
@@ -69,8 +69,8 @@ def test_noise_monotonicity_and_an_outlier_checkpoint():
     flat = [recipe_noise(np.stack([np.random.default_rng(seed + k).random(ROWS) < 0.5 for k in range(6)]).astype(float), [1, 2, 3, 4, 5, 6],
                          n_resamples=300).outliers for seed in range(0, 200, 10)]
     assert sum(map(bool, flat)) <= 2  # noise alone: rarely an outlier (at most 5% of series, by the correction)
-    assert signal_to_noise([0.6, 0.7], [0.05, 0.15]) == pytest.approx(1.0)
-    assert signal_to_noise([0.6], [0.1]) is None
+    assert spread_over_noise([0.6, 0.7], [0.05, 0.15]) == pytest.approx(1.0)
+    assert spread_over_noise([0.6], [0.1]) is None
 
 
 def test_a_tiny_pretraining_run_is_analysed_end_to_end(tmp_path, mirror, monkeypatch):
@@ -365,9 +365,9 @@ def test_an_analysis_says_why_it_cannot_decide_and_which_target_would(tmp_path):
         "Decision accuracy is n/a at every budget: the target's task_accuracy ties every pair of recipes (a 0.00, b 0.00); "
         "the folder's cells would order them with --target-metric knowledge (a 0.75, b 0.38).",
         "zero-shot: monotonicity is n/a for a, b: task_accuracy does not change across checkpoints.",
-        "zero-shot: signal to noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
+        "zero-shot: spread over noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
         "soft-prompt: monotonicity is n/a for a, b: task_accuracy does not change across checkpoints.",
-        "soft-prompt: signal to noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
+        "soft-prompt: spread over noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
     ]
     text = (tmp_path / "analysis.md").read_text()
     assert "Why a figure is n/a or a method never decides:" in text and found["notes"][0] in text

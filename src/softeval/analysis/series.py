@@ -151,8 +151,10 @@ def outliers(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: int 
         kept.remove(worst)
 
 
-def signal_to_noise(final_scores: Sequence[float], noises: Sequence[float | None]) -> float | None:
-    """The spread of the recipes' final scores (largest minus smallest) over their mean noise."""
+def spread_over_noise(final_scores: Sequence[float], noises: Sequence[float | None]) -> float | None:
+    """The spread of the recipes' final scores (largest minus smallest) over their mean noise (in
+    the scores' own units: not Heineman et al.'s signal to noise, `decisions.signal_to_noise`,
+    which divides relative spreads)."""
     known = [n for n in noises if n is not None]
     if len(final_scores) < 2 or not known or np.mean(known) == 0:
         return None
@@ -279,7 +281,7 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
 
     target = np.stack([outcome_table([target_cells[n]], rows, CURVE_METRICS[target_metric])[0] for n in names])
     found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "target_scores": dict(zip(names, target.mean(axis=1).tolist())),
-             "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "format_gap": {}}
+             "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "spread_over_noise": {}, "format_gap": {}}
     for method in methods:
         found["curves"][method] = {metric: {n: _curve(table(n, method, metric), n_resamples, seed) for n in names} for metric in CURVE_METRICS}
         scored = [table(n, method, target_metric) for n in names]
@@ -288,7 +290,7 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
         found["earliest"][method] = earliest_decision(budgets_found, threshold)
         noises = {n: recipe_noise(t, xs, n_resamples=n_resamples, seed=seed) for n, t, xs in zip(names, scored, x)}
         found["recipes"][method] = {n: r.model_dump() for n, r in noises.items()}
-        found["recipes"][method]["signal_to_noise"] = signal_to_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
+        found["spread_over_noise"][method] = spread_over_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
     common = budgets(x)
     if common:
         found["predictors"] = _predictors(series, cells, task, methods, rows, [latest for _, latest in common], target, threshold, n_resamples, seed)
@@ -424,16 +426,16 @@ def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, thresh
         last = budgets_found[-1]["decision_accuracy"]["value"] if budgets_found else None
         if found["earliest"][method] is None and last is not None:
             notes.append(f"{method} decides from no budget: its decision accuracy at the last budget is {last:.2f}, below the threshold {threshold:g}.")
-        recipes = {name: r for name, r in found["recipes"][method].items() if name != "signal_to_noise"}
+        recipes = found["recipes"][method]
         single = [name for name, r in recipes.items() if r["noise"] is None]
         flat = [name for name, r in recipes.items() if r["monotonicity"] is None and name not in single]
         if single:
             notes.append(f"{method}: noise and monotonicity are n/a for {', '.join(single)}: fewer than 2 checkpoints.")
         if flat:
             notes.append(f"{method}: monotonicity is n/a for {', '.join(flat)}: {metric} does not change across checkpoints.")
-        if found["recipes"][method]["signal_to_noise"] is None:
+        if found["spread_over_noise"][method] is None:
             why = "no recipe has 2 checkpoints" if len(single) == len(recipes) else f"the recipes' last {NOISE_CHECKPOINTS} checkpoints do not vary (noise 0)"
-            notes.append(f"{method}: signal to noise is n/a: {why}.")
+            notes.append(f"{method}: spread over noise is n/a: {why}.")
     return notes
 
 

@@ -312,7 +312,7 @@ def series_view(folder: Path) -> dict | None:
         noise_rows,
         predictor_header,
         predictor_rows,
-        signal_text,
+        spread_text,
         target_text,
         truth_metrics,
         truth_rows,
@@ -325,7 +325,7 @@ def series_view(folder: Path) -> dict | None:
     analysis = json.loads(path.read_text(encoding="utf-8"))
     tasks = [
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
-         "noise": noise_rows(analysis, found), "signal": signal_text(found), "format_gap": format_gap_lines(found),
+         "noise": noise_rows(analysis, found), "spread": spread_text(found), "format_gap": format_gap_lines(found),
          "chart": _svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
                         "differences": difference_lines(found)} if found.get("predictors") else None,

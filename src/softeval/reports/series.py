@@ -101,8 +101,6 @@ def noise_rows(analysis: dict, found: dict) -> list[list[str]]:
     rows = []
     for method, recipes in found["recipes"].items():
         for name, r in recipes.items():
-            if name == "signal_to_noise":
-                continue
             flagged = ", ".join(analysis["series"][name][k]["model"] for k in r["outliers"]) or "-"
             noise = "n/a" if r["noise"] is None else f"{r['noise']:.3f}"
             mono = "n/a" if r["monotonicity"] is None else f"{r['monotonicity']:+.2f}"
@@ -110,9 +108,10 @@ def noise_rows(analysis: dict, found: dict) -> list[list[str]]:
     return rows
 
 
-def signal_text(found: dict) -> str:
-    snr = {m: r["signal_to_noise"] for m, r in found["recipes"].items()}
-    return "Signal to noise (spread of final scores over mean noise): " + ", ".join(f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in snr.items()) + "."
+def spread_text(found: dict) -> str:
+    spread = found["spread_over_noise"]
+    return "Spread over noise (the spread of final scores over their mean noise): " + ", ".join(
+        f"{m} {'n/a' if v is None else f'{v:.2f}'}" for m, v in spread.items()) + "."
 
 
 def truth_metrics(found: dict) -> list[str]:
@@ -194,7 +193,7 @@ def analysis_markdown(analysis: dict) -> str:
         lines.append("| **decides from** | " + " | ".join(earliest[1:]) + " |")
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
-        lines += ["", signal_text(found)]
+        lines += ["", spread_text(found)]
         if found.get("predictors"):
             header = predictor_header(found)
             lines += ["", PREDICTORS_TEXT, "", "| " + " | ".join(header) + " |", "|---|" + "---|" * (len(header) - 1)]
