@@ -575,3 +575,26 @@ def test_a_command_reads_each_split_once(tmp_path, family_dirs, monkeypatch):
     result = run("study", study, "--output", tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert reads == {"test.jsonl": 1, "train.jsonl": 1}
+
+
+@pytest.mark.parametrize("every", [0.0, 3600.0])
+def test_the_comparison_is_rebuilt_between_models_once_its_interval_has_passed(tmp_path, family_dirs, monkeypatch, every):
+    """While a study runs, the comparison is rebuilt after a model once COMPARISON_EVERY_S have
+    passed since the last rebuild (it reads every finished cell, so not after every model of a
+    long series), and always at the end."""
+    import softeval.study.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "COMPARISON_EVERY_S", every)
+    seen = []  # what comparison.json holds as each model loads
+    load = runner_module.load_model
+
+    def loading(spec, **options):
+        path = tmp_path / "out" / "comparison.json"
+        seen.append(len(json.loads(path.read_text())["cells"]) if path.is_file() else 0)
+        return load(spec, **options)
+
+    monkeypatch.setattr(runner_module, "load_model", loading)
+    study = write_study(tmp_path, {"alpha": family_dirs["alpha"]}, ["zero-shot"])  # a base model, then a post-trained one (plain, chat)
+    assert run("study", study, "--output", tmp_path / "out").exit_code == 0
+    assert seen == ([0, 1] if every == 0 else [0, 0])
+    assert len(json.loads((tmp_path / "out" / "comparison.json").read_text())["cells"]) == 3
