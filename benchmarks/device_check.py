@@ -1,7 +1,8 @@
 """softeval on an accelerator, in one offline command: nothing is downloaded, no weights are needed.
 
-For each model: random weights in the shapes of real ones (Llama-3-8B, Qwen2.5-7B; `--size tiny`
-builds two-layer models of the same kinds, for a CPU run or the tests), plus the offline real
+For each model: random weights in the shapes of real ones (Llama-3-8B, Qwen2.5-7B, BLOOM-7B1 with
+ALiBi, DeepSeek-V2-Lite's multi-head latent attention with dense MLPs; `--size tiny` builds
+two-layer models of the same kinds, for a CPU run or the tests), plus the offline real
 models where their packages are installed (`--real`). Token ids come from the offline SmolLM2
 tokenizer, whose ids are valid in either vocabulary. On the same synthetic rows it measures:
 
@@ -43,16 +44,27 @@ from softeval.models import load_model, prepare_alias  # noqa: E402
 from softeval.models.loading import _describe, model_identity  # noqa: E402
 from softeval.tasks import Cloze  # noqa: E402
 
-# name -> config fields: the real models' shapes (their published configs), and tiny ones of each kind
+# name -> (config class, the real model's shape from its published config, what its tiny kind
+# changes: two layers of the same kind, the real vocabulary)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 SHAPES = {
     "llama-3-8b-shape": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                                              num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                                             rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+                                             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), TINY),
     "qwen2.5-7b-shape": ("Qwen2Config", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                                              num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-                                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+                                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), TINY),
+    # ALiBi: BLOOM-7B1's shape
+    "bloom-7b1-shape": ("BloomConfig", dict(hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880), dict(hidden_size=64, n_layer=2, n_head=4)),
+    # multi-head latent attention: DeepSeek-V2-Lite's attention (a 512-wide latent, 64 rotary
+    # dimensions), with dense MLPs in every layer instead of its 64 experts
+    "deepseek-v2-lite-mla-shape": ("DeepseekV2Config", dict(hidden_size=2048, intermediate_size=10944, num_hidden_layers=27, num_attention_heads=16,
+                                                            num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                                                            qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=27, vocab_size=102400,
+                                                            max_position_embeddings=4096),
+                                   dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=2)),
 }
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 REAL = ("smollm2-135m-instruct", "gemma-3-270m")
 WORDS = ("the river carries cold water past seven old mills while a heron waits near the bank and the miller counts his sacks "
          "of grain before the winter market opens in the town across the hill").split()
@@ -70,8 +82,8 @@ def rows(n: int, seed: int = 0) -> list[str]:
 
 def built(name: str, size: str, device: str, dtype: torch.dtype, tokenizer):
     """A LoadedModel of random weights in a real model's shape (or its tiny kind), on the device."""
-    config_class, fields = SHAPES[name]
-    fields = fields | (TINY | {"vocab_size": fields["vocab_size"]} if size == "tiny" else {})
+    config_class, fields, tiny = SHAPES[name]
+    fields = fields | (tiny if size == "tiny" else {})
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = getattr(transformers, config_class)(**fields, **special, initializer_range=0.02)
     torch.manual_seed(0)
