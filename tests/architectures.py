@@ -129,6 +129,15 @@ def _deepseek_v3(vocab, special):
     )
 
 
+def _deepseek_v2(vocab, special):
+    # multi-head latent attention without a compressed query (DeepSeek-V2-Lite's kind), greedy routing
+    return transformers.DeepseekV2Config(
+        **(_llama_like(vocab, special) | {"num_key_value_heads": 4}), kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+        first_k_dense_replace=1,
+    )
+
+
 def _recurrent_gemma(vocab, special):
     return transformers.RecurrentGemmaConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -194,6 +203,7 @@ ARCHITECTURES: dict[str, Callable[[int, dict], object]] = {
     "falcon_h1": _falcon_h1,
     "jamba": _jamba,
     "lfm2": _lfm2,
+    "deepseek_v2": _deepseek_v2,
     "deepseek_v3": _deepseek_v3,
     "recurrent_gemma": _recurrent_gemma,
 }
