@@ -73,6 +73,13 @@ def cut_batches(order: list[int], widths: Sequence[int], batch_size: int, token_
     return batches
 
 
+def longest_first(widths: Sequence[int], batch_size: int, token_budget: int, slack: float | None = None) -> list[list[int]]:
+    """The indices of `widths`, longest first (so memory peaks early and predictably), cut into
+    batches as `cut_batches` cuts them."""
+    order = sorted(range(len(widths)), key=lambda i: -widths[i])
+    return cut_batches(order, widths, batch_size, token_budget, slack)
+
+
 def soft_prompt_at(sequence: list[int], bos: int | None) -> int:
     """Where a soft prompt goes in a sequence: after its BOS token, if it starts with one."""
     return 1 if bos is not None and sequence and sequence[0] == bos else 0
@@ -176,9 +183,8 @@ class Forward:
         return torch.log_softmax(self.logits(hidden), dim=-1)
 
     def length_buckets(self, lengths: list[int]) -> list[list[int]]:
-        """Batches of similar length (longest first, so memory peaks early and predictably)."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        return cut_batches(order, [n + self.n_soft for n in lengths], self.batch_size, self.token_budget)
+        """Batches of similar length, longest first."""
+        return longest_first([n + self.n_soft for n in lengths], self.batch_size, self.token_budget)
 
     def encode_prefix(self, sequences: Sequence[list[int]], within_window: int | None) -> SharedPrefix | None:
         """Encode once the tokens every sequence starts with (BOS, soft prompt, instruction,

@@ -5,6 +5,7 @@ engine starts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -110,20 +111,7 @@ class Generation:
     def __init__(self, forward: Forward, decode_rows: int = DECODE_ROWS, kv_cache_bytes: int | None = None):
         self.forward = forward
         self.decode_rows = decode_rows
-        self.shapes = cache_shapes(forward)
         self.kv_cache_bytes = kv_cache_bytes or kv_cache_budget(forward.device)
-        self.kv_positions = max(1, self.kv_cache_bytes // kv_bytes_per_token(self.shapes, forward.model.dtype))
-        # A shared prefix is kept apart from the rows' caches where the engine's SDPA function
-        # can attend to it: its cache must hold the keys and values attention reads (not a
-        # latent they are expanded from), and not with eager attention, capped attention scores
-        # (Gemma 2) or sliding layers other than one window counted in positions (chunked
-        # attention).
-        self.prefix_apart = (
-            forward.attention == "sdpa"
-            and all(layer == (attention_shape(forward.text_config),) * 2 for layer in self.shapes)
-            and not getattr(forward.text_config, "attn_logit_softcapping", None)
-            and (forward.slides or not any(forward.sliding_layers))
-        )
         # Rotary scalings that change with the largest position in a batch would see a draft's
         # positions before plain decoding reaches them: no drafts for those models.
         self.speculates = not _rope_depends_on_length(forward.text_config)
@@ -131,6 +119,33 @@ class Generation:
         # tokens are chosen from: the self-check compares their log-probabilities
         self.observe_admission: Callable[[list[int], torch.Tensor], None] | None = None
         self.drafts = DraftCounts()  # drafts proposed and kept, over the engine's life
+
+    # What the cache holds is read from a forward pass the first time an engine generates: an
+    # engine that only scores options or computes the tuning loss never needs it.
+
+    @functools.cached_property
+    def shapes(self) -> list[Shapes]:
+        return cache_shapes(self.forward)
+
+    @functools.cached_property
+    def kv_positions(self) -> int:
+        """Token positions the KV budget holds."""
+        return max(1, self.kv_cache_bytes // kv_bytes_per_token(self.shapes, self.forward.model.dtype))
+
+    @functools.cached_property
+    def prefix_apart(self) -> bool:
+        """Whether a shared prefix is kept apart from the rows' caches: where the engine's SDPA
+        function can attend to it, its cache must hold the keys and values attention reads (not a
+        latent they are expanded from), and not with eager attention, capped attention scores
+        (Gemma 2) or sliding layers other than one window counted in positions (chunked
+        attention)."""
+        forward = self.forward
+        return (
+            forward.attention == "sdpa"
+            and all(layer == (attention_shape(forward.text_config),) * 2 for layer in self.shapes)
+            and not getattr(forward.text_config, "attn_logit_softcapping", None)
+            and (forward.slides or not any(forward.sliding_layers))
+        )
 
     @torch.inference_mode()
     def generate(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from softeval.engine.forward import TOKEN_BUDGET, Advance, cut_batches, soft_prompt_at
+from softeval.engine.forward import TOKEN_BUDGET, Advance, longest_first, soft_prompt_at
 from softeval.engine.text import Completion, TextStream, ended_by
 from softeval.models import LoadedModel
 from softeval.tasks import Cloze
@@ -117,11 +117,8 @@ class ReferenceEngine:
         return completions  # type: ignore[return-value]
 
     def _generation_batches(self, lengths: list[int], max_new_tokens: int) -> list[list[int]]:
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        if self.generation_rows == 1:
-            return [[i] for i in order]
         widths = [n + self.n_soft + max_new_tokens for n in lengths]
-        return cut_batches(order, widths, self.generation_rows, GENERATION_POSITIONS, slack=float("inf"))
+        return longest_first(widths, self.generation_rows, GENERATION_POSITIONS, slack=float("inf"))
 
     @torch.inference_mode()
     def next_token_logprobs(self, prompts: Sequence[list[int]]) -> torch.Tensor:
@@ -209,11 +206,9 @@ class ReferenceEngine:
         prompts), each option's later tokens run from a copy of its context's cache rows, as a
         multi-token decoding step would (the cache's own `reorder_cache` makes the copies)."""
         options = max(len(cloze.continuation_ids) for cloze in clozes)
-        widths = [len(c.context_ids) + max(map(len, c.continuation_ids)) for c in clozes]
-        order = sorted(range(len(clozes)), key=lambda i: -widths[i])
+        widths = [self.n_soft + len(c.context_ids) + max(map(len, c.continuation_ids)) for c in clozes]
         results: list[list[float] | None] = [None] * len(clozes)
-        batches = cut_batches(order, [w + self.n_soft for w in widths], self.scoring_rows, TOKEN_BUDGET // options, slack=SCORING_SLACK)
-        for batch in batches:
+        for batch in longest_first(widths, self.scoring_rows, TOKEN_BUDGET // options, slack=SCORING_SLACK):
             for i, scores in zip(batch, self._options_after_batch([clozes[i] for i in batch])):
                 results[i] = scores
         return results  # type: ignore[return-value]
@@ -253,8 +248,7 @@ class ReferenceEngine:
         return scored  # type: ignore[return-value]
 
     def _scoring_batches(self, lengths: list[int]) -> list[list[int]]:
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        return cut_batches(order, [n + self.n_soft for n in lengths], self.scoring_rows, TOKEN_BUDGET, slack=SCORING_SLACK)
+        return longest_first([n + self.n_soft for n in lengths], self.scoring_rows, TOKEN_BUDGET, slack=SCORING_SLACK)
 
     def logprobs_together(self, sequences: Sequence[list[int]], last: Sequence[int]) -> list[torch.Tensor]:
         """(last[i], vocabulary) log-probabilities at the last positions of each sequence (soft

@@ -44,7 +44,7 @@ def cloze_context_ends_in_space(spec: TaskSpec, example: Example) -> bool:
     """Whether a plain (not chat) cloze context of `example` ends in a space, which moves into
     its options when they are encoded (each option's context, with partial scoring)."""
     contexts = example.cloze_contexts if example.cloze_contexts is not None else [None]
-    return any(spec.render("cloze_template", example, **({} if c is None else {"cloze_context": c})).endswith(" ") for c in contexts)
+    return any(_moved_space(spec.render("cloze_template", example, **({} if c is None else {"cloze_context": c}))) for c in contexts)
 
 
 def _moved_space(context: str) -> str:
