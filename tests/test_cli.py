@@ -144,7 +144,7 @@ def test_tune_then_evaluate_the_soft_prompt(tmp_path, tiny_model_dirs, caplog):
     model = tiny_model_dirs["llama"]
     tuned = run("tune", "--model", model, "--task", task, "--steps", 4, "--eval-every", 2, "--length", 3, "--val-size", 4, "--output", tmp_path / "tuned")
     assert tuned.exit_code == 0, tuned.output
-    assert {"soft_prompt.safetensors", "curve.json", "curve.png", "checkpoint.safetensors"} <= {p.name for p in (tmp_path / "tuned").iterdir()}
+    assert {"soft_prompt.safetensors", "curve.json", "curve.svg", "checkpoint.safetensors"} <= {p.name for p in (tmp_path / "tuned").iterdir()}
     curve = json.loads((tmp_path / "tuned" / "curve.json").read_text())
     assert [p["step"] for p in curve] == [0, 2, 4] and {"train_loss", "val_loss", "format_following", "knowledge"} <= set(curve[0])
     out = tmp_path / "out"
@@ -179,9 +179,9 @@ def test_run_tunes_evaluates_and_compares(tmp_path, tiny_model_dirs):
     # a post-trained model runs with and without its chat template
     assert {(c["method"], c["chat"]) for c in cells} == {("zero-shot", False), ("soft-prompt", False), ("zero-shot", True), ("soft-prompt", True)}
     for folder in ("prompt", "prompt-chat"):
-        assert (out / name / "capitals" / folder / "curve.png").exists()
+        assert (out / name / "capitals" / folder / "curve.svg").exists()
     report = (out / "comparison.md").read_text()
-    assert "## capitals" in report and "prompt-chat/curve.png" in report
+    assert "## capitals" in report and "prompt-chat/curve.svg" in report
     assert "| strict answers | most common (share of strict answers) | chance | majority gold |" in report  # the answer diagnostics per cell
     assert all(c["diagnostics"]["chance"] == 0.5 for c in cells)
     stamp = (out / name / "capitals" / "prompt" / "soft_prompt.safetensors").stat().st_mtime_ns

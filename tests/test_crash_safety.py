@@ -71,7 +71,7 @@ def test_killed_tuning_resumes_to_the_same_prompt(tmp_path, tiny_model_dirs):
     out, rng = tmp_path / "killed", random.Random(8)
     # before the second checkpoint is renamed (step 4): the rerun resumes from step 2
     assert_killed(softeval(*command(out), kill_before_rename="checkpoint.safetensors:2"), out)
-    # at a random write of the resumed run (checkpoints 4 and 6, curve.json, curve.png, prompt)
+    # at a random write of the resumed run (checkpoints 4 and 6, curve.json, curve.svg, prompt)
     assert_killed(softeval(*command(out), kill_before_rename=f"*:{rng.randint(1, 5)}"), out)
     # just before the finished prompt is renamed into place
     assert_killed(softeval(*command(out), kill_before_rename="soft_prompt.safetensors"), out)
@@ -87,7 +87,7 @@ def test_killed_tuning_resumes_to_the_same_prompt(tmp_path, tiny_model_dirs):
         assert torch.equal(whole.vectors, load_soft_prompt(folder).vectors)
         assert json.loads((folder / "curve.json").read_text()) == json.loads((tmp_path / "whole" / "curve.json").read_text())
         assert_clean(folder)
-    for name in ("soft_prompt.safetensors", "curve.json", "curve.png", "checkpoint.safetensors"):
+    for name in ("soft_prompt.safetensors", "curve.json", "curve.svg", "checkpoint.safetensors"):
         assert (out / name).stat().st_mode & 0o777 == 0o666 & ~UMASK
 
 

@@ -79,6 +79,34 @@ def expected_samples(out: Path, **wanted) -> int:
     return count
 
 
+def test_the_page_shows_each_tuning_chart_as_drawn_when_it_ended_and_redraws_an_older_one(study_page, tmp_path):
+    import base64
+    import os
+
+    from softeval.reports.page import tuning_curves
+    from softeval.tuning.chart import curve_chart
+
+    tuned = sorted(study_page.parent.glob("*/*/prompt/curve.json"))[0].parent
+    copy = tmp_path / "out" / tuned.relative_to(study_page.parent)
+    shutil.copytree(tuned, copy)
+    shown = lambda: base64.b64decode(tuning_curves(tmp_path / "out")[0]["src"].split(",", 1)[1]).decode()  # noqa: E731
+    assert shown() == (copy / "curve.svg").read_text()
+    # a curve.json written after its chart: the page draws the curve it holds now
+    points = json.loads((copy / "curve.json").read_text())
+    points[-1]["val_loss"] = 123.0
+    (copy / "curve.json").write_text(json.dumps(points))
+    chart_time = (copy / "curve.svg").stat().st_mtime_ns
+    os.utime(copy / "curve.json", ns=(chart_time + 10**9, chart_time + 10**9))
+    name = " / ".join(copy.relative_to(tmp_path / "out").parts)
+    assert shown() == curve_chart(points, name) != (copy / "curve.svg").read_text()
+    # a folder tuned before charts were SVG holds a curve.png: the comparison links it, the page draws the curve
+    from softeval.reports.comparison import tuning_curves as linked
+
+    (copy / "curve.svg").rename(copy / "curve.png")
+    assert linked(tmp_path / "out") == {name: str((copy / "curve.png").relative_to(tmp_path / "out"))}
+    assert shown() == curve_chart(points, name)
+
+
 def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
     assert study_page.stat().st_size < 3_000_000
     page = open_page(browser, study_page)
@@ -99,7 +127,15 @@ def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
     assert page.locator("table.findings th", has_text="Holm").count() == 1
     # each metric's column says what it measures
     assert "right when it keeps the format" in page.locator("table.overview th", has_text="cond acc").first.get_attribute("title")
-    assert page.locator("#overview svg").count() == 1 and page.locator("#curves svg").count() == 3 * 2 + 3 * 4
+    assert page.locator("#overview svg").count() == 1
+    curves = page.locator("#curves img")  # each tuning's chart, as drawn when it ended
+    assert curves.count() == 3 * 2 + 3 * 4
+    curves.last.scroll_into_view_if_needed()  # drawn lazily, when scrolled to: the last one decodes
+    for _ in range(50):
+        if curves.last.evaluate("img => img.complete && img.naturalWidth"):
+            break
+        page.wait_for_timeout(100)
+    assert curves.last.evaluate("img => img.naturalWidth") > 0  # a damaged SVG decodes to nothing
     assert page.locator("#ranking table tr").count() == 1 + 4 * 4  # four metrics x four methods
     # the hostile row's text is shown as text, in full
     page.select_option("#filter-model", "alpha-base0")

@@ -448,7 +448,7 @@ def show_ranking(folder: Path, reference: Reference) -> None:
 def tune_command(
     model: Annotated[str, typer.Option(help="Alias, local folder, .gguf file or hub id.")],
     task: Annotated[str, typer.Option(help="Built-in task name, lm-eval:NAME (a task of lm-evaluation-harness) or task YAML path.")],
-    output: Annotated[Path, typer.Option(help="Folder for soft_prompt.safetensors, curve.json, curve.png.")],
+    output: Annotated[Path, typer.Option(help="Folder for soft_prompt.safetensors, curve.json, curve.svg.")],
     steps: Steps = TUNE.steps,
     tune_batch_size: Annotated[int, typer.Option(min=1, help="Tuning examples per step.")] = TUNE.batch_size,
     lr: Annotated[float, typer.Option(help="Soft-prompt learning rate.")] = TUNE.lr,

@@ -33,6 +33,7 @@ from softeval.scoring import (
     EvalResult,
     Metric,
 )
+from softeval.tuning.chart import CHART_FILES
 
 SHORT = {
     "format_following": "format",
@@ -262,7 +263,9 @@ def write_comparison(folder: Path) -> list[EvalResult]:
 def tuning_curves(folder: Path) -> dict[str, str]:
     """Curve plots of tuned prompts and adapters, by cell name, as paths relative to `folder`."""
     curves = {}
-    for path in sorted(Path(folder).glob("*/*/*/curve.png")):
-        model, task, kind = path.parent.relative_to(folder).parts
-        curves[f"{model} / {task} / {kind}"] = str(path.relative_to(folder))
+    for curve in sorted(Path(folder).glob("*/*/*/curve.json")):
+        charts = [path for path in (curve.with_name(name) for name in CHART_FILES) if path.is_file()]
+        if charts:
+            model, task, kind = curve.parent.relative_to(folder).parts
+            curves[f"{model} / {task} / {kind}"] = str(charts[0].relative_to(folder))
     return curves

@@ -1,17 +1,16 @@
 """The report page: OUTPUT/index.html, one self-contained file built from every finished cell.
 
-It works opened from disk, offline: the styles and the script are inline, the charts are inline SVG
+It works opened from disk, offline: the styles and the script are inline, the charts are SVG
 drawn by matplotlib (so the page needs no chart library, and a chart is the same figure the
-library draws elsewhere), and the samples travel as one JSON block that a small script filters and
+library draws elsewhere; a tuning's chart is the curve.svg drawn when the tuning ended), and the samples travel as one JSON block that a small script filters and
 pages through (a table of 10,000 rows is rendered a page at a time). Text that a model wrote is
 always inserted as text, never as markup.
 """
 
 from __future__ import annotations
 
-import io
+import base64
 import json
-import math
 from datetime import datetime, timezone
 from importlib.metadata import version
 from importlib.resources import files
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from jinja2 import Environment, select_autoescape
 
+from softeval._charts import inline_svg, pyplot
 from softeval._io import write_text_atomic
 from softeval.analysis import (
     CLAIMS,
@@ -34,8 +34,8 @@ from softeval.analysis import (
 from softeval.reports.comparison import GOLD_SHORT, SHORT, cost, gold_columns, gold_value
 from softeval.reports.findings import estimate_text, holm_text, p_text, where
 from softeval.scoring import GOLD_MEANINGS, MEANINGS, METRICS, MODELS_FILE, EvalResult
+from softeval.tuning.chart import CHART_METRICS, curve_chart, saved_chart
 
-CHART_METRICS = ("format_following", "task_accuracy", "knowledge")
 PAGE = "index.html"
 
 
@@ -187,7 +187,7 @@ def _metric(m) -> dict:
 def metric_chart(task: str, results: list[EvalResult], flagged: dict[int, list[str]]) -> str:
     """Grouped bars, one group per model and one bar per method, for each chart metric, with
     95% interval whiskers; hatched bars are flagged cells (`flagged`, from `cell_flags`)."""
-    plt = _pyplot()
+    plt = pyplot()
     models = list(dict.fromkeys(cell_key(r)[0] for r in results))
     methods = list(dict.fromkeys(cell_label(r.config) for r in results))
     cells = {(cell_key(r)[0], cell_label(r.config)): r for r in results}
@@ -224,41 +224,24 @@ def metric_chart(task: str, results: list[EvalResult], flagged: dict[int, list[s
     handles = [Patch(facecolor=colours[j % len(colours)], label=method) for j, method in enumerate(methods)]
     fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(methods), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))  # room for the legend below the charts
-    return _svg(fig)
+    return inline_svg(fig)
 
 
 # --- tuning curves and ranking --------------------------------------------------------------------
 
 
 def tuning_curves(folder: Path) -> list[dict]:
-    """One chart per tuned prompt or adapter: losses, and the validation metrics, against steps."""
+    """One chart per tuned prompt or adapter (losses, and the validation metrics, against steps):
+    the one drawn when its tuning ended, else drawn now from curve.json. Each is an image, so an
+    SVG file from the folder cannot run script in the page, and the browser draws it when it is
+    scrolled into view."""
     curves = []
     for path in sorted(folder.glob("*/*/*/curve.json")):
         model, task, kind = path.parent.relative_to(folder).parts
-        points = json.loads(path.read_text(encoding="utf-8"))
-        curves.append({"name": f"{model} / {task} / {kind}", "chart": curve_chart(points, f"{model} / {task} / {kind}")})
+        name = f"{model} / {task} / {kind}"
+        chart = saved_chart(path.parent) or curve_chart(json.loads(path.read_text(encoding="utf-8")), name)
+        curves.append({"name": name, "src": "data:image/svg+xml;base64," + base64.b64encode(chart.encode("utf-8")).decode("ascii")})
     return curves
-
-
-def curve_chart(points: list[dict], title: str) -> str:
-    plt = _pyplot()
-    steps = [p["step"] for p in points]
-    value = lambda p, k: math.nan if p.get(k) is None else p[k]  # noqa: E731
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
-    for key in ("train_loss", "val_loss"):
-        left.plot(steps, [value(p, key) for p in points], marker="o", markersize=3, label=key.replace("_", " "))
-    left.set(xlabel="step", title="loss")
-    for ax in (left, right):
-        ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole numbers
-    left.legend(fontsize=8)
-    for key in CHART_METRICS:
-        right.plot(steps, [100 * value(p, key) for p in points], marker="o", markersize=3, label=key.replace("_", " "))
-    right.set(xlabel="step", ylim=(0, 100), title="validation (%)")
-    right.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    # fixed margins: a page holds one chart per tuning, and measuring the text (tight_layout) costs more than drawing it
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.16, top=0.82, wspace=0.15)
-    return _svg(fig)
 
 
 def ranking_view(ranking: dict) -> dict:
@@ -280,7 +263,7 @@ def ranking_view(ranking: dict) -> dict:
 def rank_chart(families: list[str], comparison: dict) -> str:
     from scipy.stats import rankdata
 
-    plt = _pyplot()
+    plt = pyplot()
     methods = comparison["methods"]
     fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
     for ax, (method, agreement) in zip(axes[0], methods.items()):
@@ -297,7 +280,7 @@ def rank_chart(families: list[str], comparison: dict) -> str:
         ax.invert_xaxis()
         ax.invert_yaxis()
     fig.tight_layout()
-    return _svg(fig)
+    return inline_svg(fig)
 
 
 def series_view(folder: Path) -> dict | None:
@@ -326,7 +309,7 @@ def series_view(folder: Path) -> dict | None:
     tasks = [
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
          "noise": noise_rows(analysis, found), "spread": spread_text(found), "format_gap": format_gap_lines(found),
-         "chart": _svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
+         "chart": inline_svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
                         "differences": difference_lines(found)} if found.get("predictors") else None,
          "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None}
@@ -339,7 +322,7 @@ def series_view(folder: Path) -> dict | None:
 
 def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:
     """Soft prompt against LoRA task accuracy, one point per cell that has both."""
-    plt = _pyplot()
+    plt = pyplot()
     cells = {cell_key(r): r for r in results}
     xs, ys, names = [], [], []
     for model, task, chat in agreement["cells"]:
@@ -354,7 +337,7 @@ def agreement_view(agreement: dict, results: list[EvalResult]) -> dict:
             ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set(xlabel="soft-prompt task accuracy (%)", ylabel="LoRA task accuracy (%)", xlim=(0, 100), ylim=(0, 100))
     fig.tight_layout()
-    return {"summary": agreement, "chart": _svg(fig)}
+    return {"summary": agreement, "chart": inline_svg(fig)}
 
 
 # --- samples --------------------------------------------------------------------------------------
@@ -386,29 +369,3 @@ def samples_json(results: list[EvalResult]) -> str:
     text = json.dumps({"cells": cells, "rows": rows}, ensure_ascii=False, separators=(",", ":"))
     # "</" would end the script element early; "<!--" would open a comment inside it
     return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
-
-
-# --- charts ---------------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, sharper, searchable
-    plt.rcParams["svg.hashsalt"] = "softeval"  # element ids from the content: the same results, the same page
-    return plt
-
-
-def _svg(fig) -> str:
-    """The figure as an inline <svg> element (no XML prolog, no external references)."""
-    plt = _pyplot()
-    buffer = io.StringIO()
-    try:
-        fig.savefig(buffer, format="svg", metadata={"Date": None})
-    finally:
-        plt.close(fig)
-    text = buffer.getvalue()
-    return text[text.index("<svg") :]

@@ -33,6 +33,7 @@ from pathlib import Path
 from softeval.analysis import PAIRED_METRICS, cell_flags, cell_key, cell_label, finished_cells
 from softeval.errors import SoftevalError
 from softeval.scoring import GOLD_METRICS, METRICS, EvalResult
+from softeval.tuning.chart import CHART_FILES
 
 LOGGED = (*METRICS, *GOLD_METRICS)  # a cell's metrics, then the gold answer's likelihood (where it has them)
 
@@ -43,7 +44,7 @@ TRACKERS = {"wandb": ("--wandb", "wandb", "wandb"), "mlflow": ("--mlflow", "mlfl
 # files of the folder itself that go into the artifacts where they exist
 FOLDER_FILES = ("index.html", "comparison.json", "comparison.md", "ranking.json", "ranking.md", "analysis.json", "analysis.md",
                 "models.json", "series.json")
-# the folders of tuned prompts and adapters, whose curve.json and curve.png are logged
+# the folders of tuned prompts and adapters, whose curve.json and curve.svg are logged
 TUNED_FOLDERS = ("prompt", "prompt-chat", "adapter", "adapter-chat")
 MLFLOW_EXPERIMENT = "softeval"  # unless $MLFLOW_EXPERIMENT_NAME names another
 MLFLOW_BATCH = 1000  # the most metrics a tracking server takes in one request
@@ -239,7 +240,7 @@ def artifact_files(folder: Path, cells: list[EvalResult]) -> list[tuple[Path, st
     with the folder it sits in (relative to `folder`)."""
     found = [folder / name for name in FOLDER_FILES]
     found += [_results_file(folder, cell) for cell in cells]
-    found += [path.with_name(name) for path in curve_files(folder) for name in ("curve.json", "curve.png")]
+    found += [path.with_name(name) for path in curve_files(folder) for name in ("curve.json", *CHART_FILES)]
     found = [path for path in found if path.is_file()]
     return [(path, "" if path.parent == folder else path.parent.relative_to(folder).as_posix()) for path in found]
 

@@ -2,8 +2,8 @@
 adapters where a method needs one, then a comparison of every finished cell in the output folder.
 
     OUTPUT/models.json                        family and role (base, post-trained) of each model
-    OUTPUT/<model>/<task>/prompt[-chat]/      soft prompt, curve.json, curve.png (tuned once, reused)
-    OUTPUT/<model>/<task>/adapter[-chat]/     LoRA adapter in PEFT format, curve.json, curve.png
+    OUTPUT/<model>/<task>/prompt[-chat]/      soft prompt, curve.json, curve.svg (tuned once, reused)
+    OUTPUT/<model>/<task>/adapter[-chat]/     LoRA adapter in PEFT format, curve.json, curve.svg
     OUTPUT/<model>/<task>/<method>[-chat]/    results.json, samples.jsonl (one cell)
     OUTPUT/comparison.md, comparison.json     every finished cell on disk, with paired comparisons
 

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from softeval._io import write_atomic, write_bytes_atomic, write_json_atomic
+from softeval._io import write_bytes_atomic, write_json_atomic
 from softeval.engine import start_engine
 from softeval.errors import SoftevalError
 from softeval.formats import Example
@@ -37,6 +37,7 @@ from softeval.tasks import (
     tuning_target,
     with_answer_words,
 )
+from softeval.tuning.chart import write_curve_chart
 from softeval.tuning.config import Init, TuneConfig, check_tuning_rows
 from softeval.tuning.lora import (
     Adapter,
@@ -309,7 +310,7 @@ def tune(
 ) -> SoftPrompt | Adapter:
     """Tune a soft prompt (or, with `config.method == "lora"`, a LoRA adapter) and return it.
 
-    Writes curve.json, curve.png and then soft_prompt.safetensors (or the PEFT adapter files) into
+    Writes curve.json, curve.svg and then soft_prompt.safetensors (or the PEFT adapter files) into
     `output`. Its metadata records the provenance (see `provenance`), the final validation metrics,
     the trainable parameter count and the tuning time; `produced` says how it was made when that is
     more than a plain run (a sweep passes its grid, and its trials' time as `prior_seconds`, so the
@@ -334,7 +335,7 @@ def tune(
         if tuner.lora_targets is not None:
             summary["lora_targets"] = tuner.lora_targets  # as resolved for this model
         write_json_atomic(output / "curve.json", state.curve)
-        plot_curve(state.curve, output / "curve.png", title=f"{lm.name} / {spec.name} ({config.method})")
+        write_curve_chart(state.curve, output, title=f"{lm.name} / {spec.name} / {config.method}{' (chat)' if config.chat else ''}")
         # what was tuned last: where it exists, so do its curves (a finished run is reused by it)
         return tuner.tuned(output, summary)
 
@@ -469,32 +470,6 @@ def provenance_difference(saved: dict, wanted: dict, *, sweep: bool) -> str | No
 def _data_key(identity: dict | None):
     # the content hash where there is one: a moved mirror is the same data
     return None if identity is None else (identity["split"], identity.get("sha256") or identity.get("source"))
-
-
-def plot_curve(curve: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [p["step"] for p in curve]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key in ("train_loss", "val_loss"):
-        left.plot(steps, [math.nan if p[key] is None else p[key] for p in curve], marker="o", label=key)
-    left.set(xlabel="step", ylabel="loss", title="loss")
-    left.legend()
-    for key in CURVE_METRICS:
-        values = [p[key] if p[key] is not None else math.nan for p in curve]
-        right.plot(steps, values, marker="o", label=key)
-    right.set(xlabel="step", ylabel="share of validation examples", ylim=(-0.03, 1.03), title="validation metrics")  # lines at 0 and 1 stay in view
-    right.legend()
-    fig.suptitle(title)
-    # fixed margins: a study draws one chart per tuning, and measuring the text (tight_layout) costs more than drawing it
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.84, wspace=0.22)
-    try:
-        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    finally:
-        plt.close(fig)
 
 
 def _level(config: TuneConfig, setting: str) -> int:
