@@ -58,22 +58,46 @@ def test_a_predictor_against_itself_differs_by_exactly_zero_and_paired_intervals
     noisy = [table(a, b, seed=s) for s, (a, b) in enumerate([(0.32, 0.35), (0.36, 0.41), (0.45, 0.49), (0.50, 0.58)])]
     compared = compare_decisions({"x": noisy, "y": [t.copy() for t in noisy]}, [[0] * 4, [1] * 4], target, threshold=0.8, n_resamples=500)
     same = decision_difference(compared, "x", ["y"])
-    assert same["mean"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0} and not same["excludes_zero"]
+    assert same["mean"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0} and same["verdict"] == "no difference shown"
 
 
-def test_the_best_of_several_predictors_is_chosen_again_in_every_resample():
-    """Against the best of many, chosen on the same rows: each resample takes its own best, so the
-    difference's interval lies at or below the one against a best chosen once."""
+def test_the_best_of_several_is_shown_as_it_is_against_one_and_more_candidates_only_change_the_verdict():
+    """The comparison shown holds the best fixed, so it is the same among 3 candidates as against
+    the best alone; the verdict weighs every candidate."""
     target = np.stack([table(m, seed=9)[0] for m in (0.3, 0.4, 0.5, 0.6)])
     noisy = {f"p{k}": [table(a + 0.01 * k, b, seed=10 * k + s) for s, (a, b) in enumerate([(0.32, 0.35), (0.36, 0.41), (0.45, 0.49), (0.50, 0.58)])]
              for k in range(4)}
     compared = compare_decisions(noisy, [[0] * 4, [1] * 4], target, threshold=0.8, n_resamples=400)
     means = {name: compared["predictors"][name]["mean"]["value"] for name in noisy}
-    chosen = decision_difference(compared, "p0", ["p1", "p2", "p3"])
+    among = decision_difference(compared, "p0", ["p1", "p2", "p3"])
     best = max(["p1", "p2", "p3"], key=means.__getitem__)
-    once = decision_difference(compared, "p0", [best])
-    assert chosen["second"] == best and chosen["mean"]["value"] == once["mean"]["value"] == pytest.approx(means["p0"] - means[best])
-    assert chosen["mean"]["ci_low"] <= once["mean"]["ci_low"] and chosen["mean"]["ci_high"] <= once["mean"]["ci_high"]
+    alone = decision_difference(compared, "p0", [best])
+    assert among["second"] == best and among["mean"] == alone["mean"] and among["per_budget"] == alone["per_budget"]
+    assert among["mean"]["value"] == pytest.approx(means["p0"] - means[best])
+    assert among["against"][best] == alone["against"][best] and set(among["against"]) == {"p1", "p2", "p3"}
+
+
+def recipes(*finals: float, seed: int = 0) -> list[np.ndarray]:
+    """One (2 checkpoints, ROWS) table per recipe, its score at both checkpoints as given."""
+    return [table(f, f, seed=seed + r) for r, f in enumerate(finals)]
+
+
+def test_better_needs_every_candidate_beaten_and_worse_one_candidate_after_holm():
+    from softeval.analysis.stats import holm
+
+    target = np.stack([table(m, seed=9)[0] for m in (0.2, 0.4, 0.6, 0.8)])
+    right = recipes(0.2, 0.4, 0.6, 0.8)  # orders every pair as the target does
+    wrong = recipes(0.8, 0.6, 0.4, 0.2, seed=20)  # orders every pair the other way
+    compared = compare_decisions({"right": right, "wrong": wrong, "wrong too": recipes(0.7, 0.6, 0.4, 0.3, seed=30),
+                                  "right too": recipes(0.2, 0.4, 0.6, 0.8, seed=40)}, [[0] * 4, [1] * 4], target, threshold=0.8, n_resamples=400)
+    assert decision_difference(compared, "right", ["wrong", "wrong too"])["verdict"] == "better"
+    # as good as one candidate: not better than each
+    tied = decision_difference(compared, "right", ["wrong", "wrong too", "right too"])
+    assert tied["verdict"] == "no difference shown" and tied["second"] == "right too"
+    worse = decision_difference(compared, "wrong", ["right", "wrong too"])
+    assert worse["verdict"] == "worse"
+    against = worse["against"]
+    assert worse["p_value"] == pytest.approx(min(p for p in holm([against["right"]["p_value"], against["wrong too"]["p_value"]]) if p is not None))
 
 
 def test_continuous_values_decide_where_their_means_order_the_recipes():

@@ -359,3 +359,23 @@ def test_the_p_values_of_agreements_test_the_bound_their_findings_use():
     comparison = compare_predictors({"good": [reference[0].copy()], "poor": [np.roll(reference[0], 2, axis=0)]}, reference, n_resamples=500)
     d, p = comparison.tau_pairwise["good - poor"], comparison.tau_pairwise_p["good - poor"]
     assert (p < 0.05) == (d.ci_low > 0 or d.ci_high < 0) and p == comparison.tau_pairwise_p["poor - good"]
+
+
+def test_p_values_beyond_every_resample_stay_apart_so_holm_can_confirm_clear_effects():
+    """A share of B resamples cannot go below 1 / (B + 1); where none reaches the null, the p-value
+    is the normal tail, so that 300 clear findings survive Holm's adjustment and weaker ones order."""
+    from scipy.stats import norm
+
+    from softeval.analysis.stats import bootstrap_p_value, holm
+
+    rng = np.random.default_rng(3)
+    boot = rng.normal(0.3, 0.05, size=2000)  # z = 6: no resample reaches 0
+    p = bootstrap_p_value(boot)
+    assert p == pytest.approx(2 * norm.sf(boot.mean() / boot.std(ddof=1))) and p < 1e-8
+    assert bootstrap_p_value(rng.normal(0.2, 0.05, size=2000)) > p  # z = 4: further from the floor, still apart
+    assert holm([p] * 300)[0] < 0.05 and 300 * 2 / 2001 > 0.05  # what the floor alone would give
+    # where resamples do reach the null, the share is the p-value, as before
+    near = rng.normal(0.1, 0.05, size=2000)
+    k = min(np.sum(near <= 0), np.sum(near >= 0))
+    assert k > 0 and bootstrap_p_value(near) == pytest.approx(2 * (k + 1) / 2001)
+    assert bootstrap_p_value(np.full(50, 0.4)) == 0.0 and bootstrap_p_value(np.full(50, 0.0)) == 1.0

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from softeval.analysis.stats import quantile_interval, resampled_p_value, row_counts
+from softeval.analysis.stats import CONFIDENCE, holm, quantile_interval, resampled_p_value, row_counts
 
 AVERAGED = 3  # the checkpoint-averaged variant: the mean of this many latest checkpoints
 _DECIMALS = 12  # scores equal up to float noise tie, as they do on paper
@@ -103,26 +103,54 @@ def compare_decisions(
 
 
 def decision_difference(compared: dict, first: str, among: Sequence[str]) -> dict:
-    """`first` minus the best of `among` (by mean decision accuracy) in decision accuracy, per
-    budget and in the mean over budgets, with paired intervals (the same row draws for both).
-    The best is chosen again in every resample, so the interval of the mean carries the choice:
-    a best chosen once, on the rows it is then compared on, would look better than it is."""
+    """`first` against the best of `among` in decision accuracy (per budget and in the mean over
+    budgets) and its verdict, from paired intervals (the same row draws for both).
+
+    The comparison shown is against the best of `among` by mean decision accuracy, per budget
+    and in the mean, with that comparator held fixed in every resample. The verdict compares
+    `first` with each of `among` (multiple comparisons with the best): "better" where every
+    difference's interval lies above 0 (an intersection-union test: each at the 95% level, no
+    adjustment needed), "worse" where some candidate is better with its p-value Holm-adjusted over
+    the candidates, else "no difference shown". Re-choosing the best in each resample instead
+    would centre the interval on the bootstrap's maximum, which lies above the best's own
+    value by the noise among the candidates: the more candidates, the worse `first` would look."""
     means = {name: compared["predictors"][name]["mean"]["value"] for name in among}
-    second = max((n for n in among if means[n] is not None), key=means.__getitem__)
-    a, b = compared["predictors"][first], compared["predictors"][second]
-    boot_a, boot_b = compared["boots"][first], compared["boots"][second]
+    candidates = [n for n in among if means[n] is not None]
+    second = max(candidates, key=means.__getitem__)
+    a, boot_a = compared["predictors"][first], compared["boots"][first]
+    against = {name: _mean_difference(compared, first, name) for name in candidates}
+    b, boot_b = compared["predictors"][second], compared["boots"][second]
     per_budget = [_estimate(_minus(x["value"], y["value"]), ra - rb) for x, y, ra, rb in
                   zip(a["decision_accuracy"], b["decision_accuracy"], boot_a, boot_b)]
-    stacked = np.stack([_nanmean(compared["boots"][n]) for n in among])
-    defined = np.isfinite(stacked).any(axis=0)
-    best_each = np.full(stacked.shape[1], np.nan)  # nan where no candidate is defined in a resample
-    best_each[defined] = np.nanmax(stacked[:, defined], axis=0)
-    resampled = _nanmean(boot_a) - best_each
-    mean = _estimate(_minus(a["mean"]["value"], b["mean"]["value"]), resampled)
-    excludes = mean["ci_low"] is not None and (mean["ci_low"] > 0 or mean["ci_high"] < 0)
-    p_value = resampled_p_value(mean["value"], resampled)
-    return {"first": first, "second": second, "among": len(among), "per_budget": per_budget, "mean": mean, "excludes_zero": excludes,
-            "p_value": p_value}
+    verdict, p_value = _verdict_among(against)
+    mean = against[second]["mean"]
+    return {"first": first, "second": second, "among": len(among), "per_budget": per_budget, "mean": mean, "verdict": verdict,
+            "p_value": p_value, "against": {name: d["mean"] | {"p_value": d["p_value"]} for name, d in against.items()}}
+
+
+def _mean_difference(compared: dict, first: str, other: str) -> dict:
+    """`first` minus `other` in mean decision accuracy over budgets: value, paired interval and p-value."""
+    resampled = _nanmean(compared["boots"][first]) - _nanmean(compared["boots"][other])
+    value = _minus(compared["predictors"][first]["mean"]["value"], compared["predictors"][other]["mean"]["value"])
+    mean = _estimate(value, resampled)
+    return {"mean": mean, "p_value": resampled_p_value(mean["value"], resampled)}
+
+
+def _verdict_among(against: dict[str, dict]) -> tuple[str, float | None]:
+    """"better", "worse" or "no difference shown" against every candidate (see
+    `decision_difference`), and a p-value: for "worse" the smallest p-value, Holm-adjusted over
+    every candidate, of those that score higher, else the largest p-value of the comparisons (the
+    intersection-union test's, which "better" rests on)."""
+    means = [d["mean"] for d in against.values()]
+    if all(m["ci_low"] is not None and m["ci_low"] > 0 for m in means):
+        return "better", max((d["p_value"] for d in against.values() if d["p_value"] is not None), default=None)
+    # adjusted over every candidate (the family tested), then read where the candidate scores higher
+    adjusted = holm([d["p_value"] for d in against.values()])
+    higher = [p for p, d in zip(adjusted, against.values()) if p is not None and d["mean"]["value"] is not None and d["mean"]["value"] < 0]
+    smallest = min(higher, default=None)
+    if smallest is not None and smallest < 1 - CONFIDENCE:
+        return "worse", smallest
+    return "no difference shown", max((d["p_value"] for d in against.values() if d["p_value"] is not None), default=None)
 
 
 def _per_budget(tables: Sequence[np.ndarray], checkpoints: Sequence[list[int]], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -445,14 +445,25 @@ def _decision_findings(folder: Path) -> list[Finding]:
             continue
         mean = proxy["mean"]
         finding = dict(claim="early_decision", method="soft-prompt", task=task, value=mean["value"], ci_low=mean["ci_low"], ci_high=mean["ci_high"],
+                       p_value=proxy.get("p_value"),
                        statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
-                       f"{proxy['second']} (the best of {proxy['among']}, chosen again in each resample), {found['rows']} rows")
+                       f"{proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
         if analysis["target"]["kind"] != "reference":
             findings.append(Finding(**finding, verdict="undetermined", reason="the target is the last checkpoints' own score, by which a "
                                     "predictor of the same method grades itself; declare each recipe's reference model"))
             continue
-        findings.append(Finding(**finding, **_sign_verdict(mean["ci_low"], mean["ci_high"]), p_value=proxy.get("p_value")))
+        findings.append(Finding(**finding, **_among_verdict(proxy)))
     return findings
+
+
+def _among_verdict(proxy: dict) -> dict:
+    """The early-decision verdict from the comparison with every proxy (`decision_difference`)."""
+    n = proxy["among"]
+    if proxy["verdict"] == "better":
+        return {"verdict": "holds", "reason": f"the interval against each of the {n} proxies lies above 0"}
+    if proxy["verdict"] == "worse":
+        return {"verdict": "does not hold", "reason": f"a proxy decides better, with its p-value Holm-adjusted over the {n}"}
+    return {"verdict": "undetermined", "reason": f"neither better than each of the {n} proxies nor worse than one of them"}
 
 
 def _truth_findings(folder: Path) -> list[Finding]:

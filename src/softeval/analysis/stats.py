@@ -112,9 +112,23 @@ def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
     """Two-sided percentile-bootstrap p-value of `null`: twice the smaller share of resamples on
     either side of it (each share counted as (k + 1) / (B + 1), so never 0), at most 1. It is
     below 1 - CONFIDENCE about where the percentile interval excludes `null` (resamples equal to
-    `null` count on both sides, so the two can part where many tie at it)."""
+    `null` count on both sides, so the two can part where many tie at it).
+
+    Where no resample reaches `null`, the share is only known to be below 1 / (B + 1), and every
+    clear effect would get the same 2 / (B + 1): a Holm adjustment over a study's hundreds of
+    findings multiplies that past any level. There the p-value is the normal approximation's
+    two-sided tail (the resamples' mean and standard deviation), at most 2 / (B + 1); 0 where
+    every resample is the same value."""
+    from scipy.stats import norm
+
     below, above = np.sum(resampled <= null), np.sum(resampled >= null)
-    return float(min(1.0, 2 * (min(below, above) + 1) / (resampled.size + 1)))
+    if min(below, above) > 0 or resampled.size < 2:
+        return float(min(1.0, 2 * (min(below, above) + 1) / (resampled.size + 1)))
+    sd = float(resampled.std(ddof=1))
+    if sd == 0:
+        return 0.0
+    tail = 2 * float(norm.sf(abs(float(resampled.mean()) - null) / sd))
+    return min(2 / (resampled.size + 1), tail)
 
 
 def paired_power(diff: np.ndarray, *, power: float = POWER) -> tuple[float | None, int | None]:

@@ -159,13 +159,15 @@ def predictor_rows(found: dict) -> list[list[str]]:
 
 def difference_lines(found: dict) -> list[str]:
     """The soft prompt's task accuracy minus the best continuous proxy (and the best predictor),
-    in decision accuracy: the mean over budgets and each budget, with paired intervals."""
+    in decision accuracy: the mean over budgets and each budget, with paired intervals, and the
+    verdict against every candidate (see `analysis.decisions.decision_difference`)."""
     lines = []
     for d in found["predictors"]["differences"]:
         which = (f"the best continuous proxy of {d['among']}" if d["best_continuous"] else f"the best of {d['among']} other predictors") + \
-            ", chosen again in each resample"
+            " by mean decision accuracy"
         signed = lambda e: "n/a" if e["value"] is None else f"{e['value']:+.2f}" + (f" [{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]" if e["ci_low"] is not None else "")  # noqa: E731
-        verdict = "decides better" if d["excludes_zero"] and d["mean"]["value"] > 0 else "decides worse" if d["excludes_zero"] else "no difference shown"
+        verdict = {"better": f"decides better than each of the {d['among']}",
+                   "worse": f"decides worse than at least one of them (Holm over the {d['among']})"}.get(d["verdict"], "no difference shown")
         lines.append(f"{d['first']} minus {d['second']} ({which}): mean decision accuracy {signed(d['mean'])}, {verdict}; "
                      "per budget " + ", ".join(signed(e) for e in d["per_budget"]))
     return lines
