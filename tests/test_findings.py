@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import STUDY_ROWS, write_study
 from softeval.analysis import findings as F
+from softeval.analysis.comparisons import undermining
 from softeval.cli import app
 
 WHERE = {"model": "m", "task": "t", "chat": False}
@@ -35,7 +36,7 @@ def test_saturation_holds_where_format_following_plateaus_early():
     rows = switching(20, {r: 10 for r in range(20)}, STEPS)
     finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])
     assert (finding.verdict, finding.value, finding.ci_low, finding.ci_high) == ("holds", 10, 10, 10)
-    assert finding.p_value == pytest.approx(2 / 2001)  # no resample saturates beyond the budget
+    assert finding.p_value == 0.0  # every resample saturates at step 10: none beyond the budget, no spread for a tail
 
 
 def test_saturation_does_not_hold_where_the_plateau_comes_after_the_budget():
@@ -108,13 +109,21 @@ def test_an_unreadable_curve_file_is_no_curve(tmp_path, text):
 def test_knowledge_flat_every_verdict():
     same = curve([0, 40], [[1] * 40] * 2, [[int(r % 2 == 0) for r in range(40)]] * 2)
     assert F._knowledge_flat(same, WHERE, []).verdict == "holds"
-    assert F._knowledge_flat(same, WHERE, []).p_value == pytest.approx(2 / 2001)  # two one-sided tests: no resample beyond +-5 points
+    assert F._knowledge_flat(same, WHERE, []).p_value == 0.0  # two one-sided tests: every resample is 0, none beyond +-5 points
     risen = curve([0, 40], [[1] * 40] * 2, [[int(r < 8) for r in range(40)], [int(r < 32) for r in range(40)]])
     finding = F._knowledge_flat(risen, WHERE, [])
     assert finding.verdict == "does not hold" and finding.value == pytest.approx(0.6)
     noisy = curve([0, 40], [[1] * 40] * 2, [[int(r < 20) for r in range(40)], [int(4 <= r < 24) or int(r < 2) for r in range(40)]])
     assert F._knowledge_flat(noisy, WHERE, []).verdict == "undetermined" and F._knowledge_flat(noisy, WHERE, []).p_value > 0.05
     assert F._knowledge_flat(same, WHERE, ["at chance (25%)"]).verdict == "undetermined"
+    # known by no row, or by every row, at both steps: it could move one way only
+    for level, move in ((0, "rise"), (1, "fall")):
+        at_bound = F._knowledge_flat(curve([0, 40], [[1] * 40] * 2, [[level] * 40] * 2), WHERE, [])
+        assert at_bound.verdict == "undetermined" and f"it could only {move}" in at_bound.reason
+    # a clear equivalence keeps a p-value below the resamples' floor (2 / 2001), so Holm over many findings can confirm it
+    wobbly = curve([0, 40], [[1] * 400] * 2, [[int(r % 2 == 0) for r in range(400)], [int(r % 2 == 0) != (r < 4) for r in range(400)]])
+    flat = F._knowledge_flat(wobbly, WHERE, [])
+    assert flat.verdict == "holds" and 0 < flat.p_value < 2 / 2001
 
 
 def comparison(model: str, method: str, baseline: str, low: float | None, high: float | None, *, chat: bool = False) -> dict:
@@ -243,7 +252,7 @@ def test_a_ranking_of_an_older_softeval_says_to_rank_again(tmp_path):
 
 
 def test_cells_judged_by_other_parsers_undermine_a_finding():
-    assert F._undermining(["judged by parsers 1234abcd, one of 2 here: rerun its command", "ceiling"]) == [
+    assert undermining(["judged by parsers 1234abcd, one of 2 here: rerun its command", "ceiling"]) == [
         "judged by parsers 1234abcd, one of 2 here: rerun its command"]
 
 
@@ -470,3 +479,25 @@ def test_a_tuned_run_decides_saturation_from_its_own_curve(tmp_path, tiny_model_
     means = np.array([np.mean(point["rows"]["format_following"]) for point in curve])
     assert finding["value"] == F.saturation_step([point["step"] for point in curve], means)
     assert finding["verdict"] != "not applicable" and "validation rows" not in finding["reason"]
+
+
+def test_the_early_decision_finding_is_undetermined_on_a_flagged_target_and_counts_flagged_checkpoints(tmp_path):
+    series = {"a": [{"model": "a@1"}, {"model": "a@2"}], "b": [{"model": "b@1"}, {"model": "b@2"}]}
+    proxy = {"best_continuous": True, "first": "soft-prompt / task_accuracy", "second": "zero-shot / gold_prob", "among": 3,
+             "mean": {"value": 0.4, "ci_low": 0.2, "ci_high": 0.6}, "verdict": "better", "p_value": 0.01}
+
+    def finding(target_flags: dict, flags: dict) -> F.Finding:
+        found = {"rows": 8, "target_flags": target_flags, "predictors": {"budgets": [1, 2], "differences": [proxy]}}
+        (tmp_path / "analysis.json").write_text(json.dumps({"target": {"kind": "reference"}, "series": series, "tasks": {"quiz": found}}))
+        [only] = F._decision_findings(tmp_path, flags)
+        return only
+
+    assert finding({}, {}).verdict == "holds" and finding({}, {}).reason == "the interval against each of the 3 proxies lies above 0"
+    flagged = finding({"b-ref": ["at chance (25%)"]}, {})
+    assert flagged.verdict == "undetermined" and flagged.reason == "the target's cells are flagged (b-ref: at chance (25%))"
+    # the soft prompt's own checkpoints at chance or without strict answers are what it measures: counted, not undetermining
+    counted = finding({}, {("a@1", "quiz", "soft-prompt", False): ["no strict answers"], ("b@1", "quiz", "soft-prompt", False): ["at chance (25%)"],
+                           ("b@2", "quiz", "zero-shot", False): ["at chance (25%)"]})
+    assert counted.verdict == "holds" and counted.reason.endswith("; 2 of its 4 checkpoint cells are flagged (no strict answers 1, at chance 1)")
+    proxy["verdict"] = "worse"
+    assert finding({}, {}).verdict == "does not hold"

@@ -215,12 +215,17 @@ def test_a_series_study_shows_its_checkpoints_section(tmp_path, tokenizer_dirs, 
     section = page.locator("section#series")
     assert section.count() == 1 and page.locator("nav a[href='#series']").count() == 1
     rows = section.locator("table.decisions tr")
-    assert rows.count() == 1 + 3 + 1  # header, three budgets, the earliest decision
+    assert rows.count() == 1 + 3 + 2  # header, three budgets, the earliest decision by the estimate and by the interval
     assert rows.nth(1).locator("td").first.text_content() == "100M tokens"
     shown = rows.nth(3).locator("td").all_text_contents()[1:]  # the last budget, per method
     last = [analysis["decisions"][m][2]["decision_accuracy"] for m in ("zero-shot", "soft-prompt")]
     assert shown == [f"{e['value']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]" if e["value"] is not None else "n/a" for e in last]
-    assert rows.last.locator("td").first.text_content() == "decides from"
+    assert rows.nth(4).locator("td").first.text_content() == "decides from"
+    assert rows.last.locator("td").first.text_content() == "shown from (interval)"
+    for method in ("zero-shot", "soft-prompt"):  # the first budget from which every lower bound clears the threshold
+        clears = [b["decision_accuracy"]["ci_low"] is not None and b["decision_accuracy"]["ci_low"] >= 0.8 for b in analysis["decisions"][method]]
+        first = next((k for k in range(len(clears)) if all(clears[k:])), None)
+        assert analysis["earliest_shown"][method] == (None if first is None else analysis["decisions"][method][first]["budget"])
     assert section.locator("svg").count() == 1
     assert section.locator("ul.why li").all_text_contents() == analysis["notes"]  # why a figure is n/a, as analysis.json says
     for written in ("analysis.json", "analysis.md", "analysis_capitals.png"):  # the study names the analysis's files

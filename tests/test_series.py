@@ -56,6 +56,15 @@ def test_crossing_curves_decide_once_the_later_leader_leads():
     assert earliest_decision(found, threshold=1.1) is None
 
 
+def test_a_lead_within_the_noise_decides_by_its_estimate_but_is_shown_only_once_the_interval_clears():
+    series = [outcomes(0.50, 0.50, 0.50, 0.50, seed=3), outcomes(0.30, 0.52, 0.54, 0.75, seed=4)]
+    target = np.stack([series[0][-1], series[1][-1]])
+    found = decisions(series, [[1, 2, 3, 4], [1, 2, 3, 4]], target, n_resamples=500)
+    assert [b.decision_accuracy.value for b in found] == [0.0, 1.0, 1.0, 1.0]
+    assert [b.decision_accuracy.ci_low for b in found] == [0.0, 0.0, 0.0, 1.0]  # 2 and 4 points ahead on 400 rows: within the noise
+    assert earliest_decision(found) == 2 and earliest_decision(found, bound="ci_low") == 4
+
+
 def test_noise_monotonicity_and_an_outlier_checkpoint():
     steady = recipe_noise(outcomes(0.30, 0.40, 0.50, 0.60, 0.70), [1, 2, 3, 4, 5])
     assert steady.outliers == [] and steady.monotonicity == pytest.approx(1.0)
@@ -370,7 +379,7 @@ def test_an_analysis_says_why_it_cannot_decide_and_which_target_would(tmp_path):
         "soft-prompt: spread over noise is n/a: the recipes' last 3 checkpoints do not vary (noise 0).",
     ]
     text = (tmp_path / "analysis.md").read_text()
-    assert "Why a figure is n/a or a method never decides:" in text and found["notes"][0] in text
+    assert "Why a figure is n/a or means little, or a method never decides:" in text and found["notes"][0] in text
 
     decided = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
     assert decided["decisions"]["zero-shot"][-1]["decision_accuracy"]["value"] == 1.0
@@ -489,3 +498,21 @@ def test_agreement_with_true_knowledge_is_kendall_tau_b_over_checkpoints(tmp_pat
     findings = [f for f in json.loads((tmp_path / "comparison.json").read_text())["findings"] if f["claim"] == "true_knowledge"]
     assert {(f["method"], f["task"], f["verdict"]) for f in findings} == {("zero-shot", "quiz", "undetermined"), ("soft-prompt", "quiz", "undetermined")}
     assert "Kendall tau-b of the checkpoints' scores against their true knowledge" in (tmp_path / "analysis.md").read_text()
+
+
+def test_a_flagged_target_is_named_in_the_notes(tmp_path):
+    import json
+
+    from softeval.reports.series import analyze
+
+    _tied_folder(tmp_path)
+    assert analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]["target_flags"] == {}
+    # b's reference answered no question in the format, so its task accuracy says nothing of what it knows
+    path = tmp_path / "b-ref" / "quiz" / "zero-shot" / "results.json"
+    saved = json.loads(path.read_text())
+    saved["diagnostics"] = {"n": 8, "empty_share": 0.0, "ambiguous_share": 0.0, "conflict_share": 0.0, "no_strict_answers": True}
+    path.write_text(json.dumps(saved))
+    found = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
+    assert found["target_flags"] == {"b-ref": ["no strict answers"]}
+    assert found["notes"][0].startswith("The target's cells are flagged (b-ref: no strict answers): the order it gives the recipes may be noise")
+    assert found["notes"][0] in (tmp_path / "analysis.md").read_text()

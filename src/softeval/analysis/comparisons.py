@@ -19,12 +19,19 @@ log = logging.getLogger("softeval")
 # (method, baseline): the differences the comparison shows, where both cells exist
 PAIRS = (("soft-prompt", "zero-shot"), ("soft-prompt", "few-shot"), ("soft-prompt", "lora"), ("lora", "few-shot"))
 LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
+# the cell flags that make a score mean little: a finding resting on such a cell is undetermined
+UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
 # the metrics compared row by row: per-row outcomes, so a paired bootstrap applies
 PAIRED_METRICS = {m: ROW_METRICS[m] for m in ("task_accuracy", "knowledge", "format_following")}
 
 
 def cell_label(config: dict) -> str:
     return config["method"] + ("-chat" if config.get("chat") else "")
+
+
+def undermining(flags: list[str]) -> list[str]:
+    """The flags among a cell's that make its score mean little (see UNDERMINING)."""
+    return [f for f in flags if f.startswith(UNDERMINING)]
 
 
 def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]:

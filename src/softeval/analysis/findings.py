@@ -22,7 +22,8 @@ The claims and their rules:
    at its last step or has not yet reached MIN_PLATEAU.
 2. `knowledge_flat`: knowledge on the validation rows stays flat during tuning: the paired
    difference between the last validation step and step 0. Holds where the interval lies
-   within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it.
+   within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it; undetermined where every
+   row is known at both steps, or none is (it could move one way only).
 3. `above_zero_shot`, `above_few_shot`: a soft prompt scores above zero-shot and above few-shot
    for base models (task accuracy, paired difference on the same rows). Holds where the interval
    is above 0, does not hold where it is at or below 0.
@@ -37,11 +38,18 @@ The claims and their rules:
 7. `early_decision` (where a study holds series): the soft prompt's task accuracy decides
    between recipes better than the best continuous proxy (the gold answer's probability or bits
    per byte, under any method): the difference in decision accuracy, averaged over the budgets,
-   with a paired interval (the same row draws for both; see `decisions.py`).
+   with a paired interval (the same row draws for both; see `decisions.py`). Holds where the soft
+   prompt decides better than each proxy, does not hold where a proxy decides better (Holm over
+   the proxies); undetermined where the target's cells (the references) are flagged, since the
+   order they give may be noise.
 8. `true_knowledge` (where a study declares a ground truth, as the testbed's does): a method's
    task accuracy orders the series' checkpoints by the share of test facts they truly know:
    Kendall tau-b with a row-bootstrap interval, from the series analysis. Holds where the interval
    lies above TRUE_KNOWLEDGE_TAU, does not hold where it lies below.
+
+In 7 and 8 a flag on a checkpoint's own cell does not make the finding undetermined: a checkpoint
+at chance, or one that keeps no answer format, is what these claims measure (whether a method's
+score tells checkpoints apart), not a fault in the measurement. The reason counts such cells.
 
 Each finding with an interval carries a two-sided bootstrap p-value against the bound its
 verdict tests (0 for differences, the budget for saturation, r = LINE_UP_R, tau =
@@ -55,6 +63,7 @@ rows could detect and the rows that would detect the observed one, each with 80%
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -62,10 +71,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from softeval.analysis.comparisons import LINE_UP_R, cell_flags, cell_key
+from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING, cell_flags, cell_key, undermining
 from softeval.analysis.ranking import MIN_FAMILIES, families
 from softeval.analysis.series import TRUE_KNOWLEDGE_TAU
-from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts
+from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts, tail_share
 from softeval.scoring import MODELS_FILE, EvalResult
 
 Verdict = Literal["holds", "does not hold", "undetermined", "not applicable"]
@@ -76,8 +85,6 @@ MIN_PLATEAU = 0.5  # a plateau below this share of formatted answers is no satur
 KNOWLEDGE_MARGIN = 0.05  # knowledge moving less than 5 points either way is flat
 MIN_VALIDATION_ROWS = 10  # fewer validation rows say too little of a curve
 N_RESAMPLES = 2000
-# the cell flags that make a score mean little: a finding resting on such a cell is undetermined
-UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
 
 CLAIMS = {
     "saturation": "format-following saturates within ~80 steps of batch 8",
@@ -115,7 +122,7 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     prompt vs LoRA agreement the comparison computed, the tuning curves and ranking.json."""
     folder = Path(folder)
     flagged = cell_flags(results)
-    flags = {cell_key(r): _undermining(flagged[id(r)]) for r in results}
+    flags = {cell_key(r): undermining(flagged[id(r)]) for r in results}
     cells = {cell_key(r): r for r in results}
     roles, guessed = _roles(folder, results)
     findings = []
@@ -123,8 +130,8 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
     findings.append(_lora_finding(agreement, flags))
-    findings += _decision_findings(folder)
-    findings += _truth_findings(folder)
+    findings += _decision_findings(folder, flags)
+    findings += _truth_findings(folder, flags)
     return with_holm(findings)
 
 
@@ -225,6 +232,10 @@ def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Fi
         return Finding(**finding, verdict="undetermined", reason=f"the soft-prompt cell is flagged: {', '.join(undermined)}")
     if d.ci_low is None:
         return Finding(**finding, verdict="undetermined", reason="too few validation rows for an interval")
+    for level, move in ((0, "rise"), (1, "fall")):
+        if (first == level).all() and (last == level).all():  # a flat line at a bound shows one direction only
+            return Finding(**finding, verdict="undetermined", reason=f"knowledge is {level} on every validation row at both steps: "
+                           f"it could only {move}, so staying flat shows half of the claim")
     margin = f"+-{100 * KNOWLEDGE_MARGIN:.0f} points"
     if -KNOWLEDGE_MARGIN <= d.ci_low and d.ci_high <= KNOWLEDGE_MARGIN:
         return Finding(**finding, verdict="holds", reason=f"the interval lies within {margin}")
@@ -235,20 +246,19 @@ def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Fi
 
 def _within_p(boot: np.ndarray, budget: float) -> float:
     """Saturation's p-value: twice the smaller share of resampled steps within the budget (at or
-    before it, as the verdict counts them) or beyond it, counted as (k + 1) / (B + 1)."""
-    within = int(np.sum(boot <= budget))
-    return float(min(1.0, 2 * (min(within, boot.size - within) + 1) / (boot.size + 1)))
+    before it, as the verdict counts them) or beyond it (see `stats.tail_share`)."""
+    return float(min(1.0, 2 * min(tail_share(boot, budget, above=False), tail_share(boot, budget, above=True, strict=True))))
 
 
 def _equivalence_p(diff: np.ndarray) -> float | None:
     """The p-value of "knowledge moved by KNOWLEDGE_MARGIN or more" (two one-sided tests on the
     row-bootstrap of the mean difference): twice the larger share of resamples beyond either
-    margin, counted as (k + 1) / (B + 1); below 1 - CONFIDENCE where the interval lies within it."""
+    margin (see `stats.tail_share`); below 1 - CONFIDENCE where the interval lies within it."""
     if diff.size < 2:
         return None
     boot = diff @ _row_counts(diff.size).T / diff.size
-    beyond = max(np.sum(boot <= -KNOWLEDGE_MARGIN), np.sum(boot >= KNOWLEDGE_MARGIN))
-    return float(min(1.0, 2 * (beyond + 1) / (boot.size + 1)))
+    beyond = max(tail_share(boot, -KNOWLEDGE_MARGIN, above=False), tail_share(boot, KNOWLEDGE_MARGIN, above=True))
+    return float(min(1.0, 2 * beyond))
 
 
 def _curve(folder: Path, result: EvalResult) -> list[dict] | None:
@@ -431,7 +441,7 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
 # --- 7: true knowledge ----------------------------------------------------------------------------
 
 
-def _decision_findings(folder: Path) -> list[Finding]:
+def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
     """Per task of the folder's series analysis, the soft prompt's task accuracy against the best
     continuous proxy in decision accuracy (mean over budgets, paired interval)."""
     path = folder / "analysis.json"
@@ -448,11 +458,17 @@ def _decision_findings(folder: Path) -> list[Finding]:
                        p_value=proxy.get("p_value"),
                        statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
                        f"{proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
+        if found.get("target_flags"):
+            flagged = "; ".join(f"{model}: {', '.join(flags)}" for model, flags in found["target_flags"].items())
+            findings.append(Finding(**finding, verdict="undetermined", reason=f"the target's cells are flagged ({flagged})"))
+            continue
         if analysis["target"]["kind"] != "reference":
             findings.append(Finding(**finding, verdict="undetermined", reason="the target is the last checkpoints' own score, by which a "
                                     "predictor of the same method grades itself; declare each recipe's reference model"))
             continue
-        findings.append(Finding(**finding, **_among_verdict(proxy)))
+        verdict = _among_verdict(proxy)
+        verdict["reason"] += _flagged_checkpoints(analysis["series"], task, "soft-prompt", flags)
+        findings.append(Finding(**finding, **verdict))
     return findings
 
 
@@ -466,7 +482,18 @@ def _among_verdict(proxy: dict) -> dict:
     return {"verdict": "undetermined", "reason": f"neither better than each of the {n} proxies nor worse than one of them"}
 
 
-def _truth_findings(folder: Path) -> list[Finding]:
+def _flagged_checkpoints(series: dict, task: str, method: str, flags: dict) -> str:
+    """How many of the method's checkpoint cells are flagged, and with what, as a clause of a
+    reason; empty where none is."""
+    keys = [(point["model"], task, method, False) for points in series.values() for point in points]
+    kinds = Counter(kind for key in keys for flag in flags.get(key, []) for kind in UNDERMINING if flag.startswith(kind))
+    n = sum(bool(flags.get(key)) for key in keys)
+    if not n:
+        return ""
+    return f"; {n} of its {len(keys)} checkpoint cells are flagged ({', '.join(f'{kind} {count}' for kind, count in kinds.most_common())})"
+
+
+def _truth_findings(folder: Path, flags: dict) -> list[Finding]:
     """Per task and method, whether its task accuracy orders the series' checkpoints by their true
     knowledge (Kendall tau-b, from the folder's analysis.json); none where no study declared a
     ground truth."""
@@ -485,7 +512,9 @@ def _truth_findings(folder: Path) -> list[Finding]:
                            p_value=tau.get("p_value"),
                            statistic=f"Kendall tau-b of task accuracy against the share of known facts over {truth['checkpoints']} checkpoints, "
                            f"{truth['rows']} rows")
-            findings.append(_agreement_verdict(finding))
+            verdict = _agreement_verdict(finding)
+            verdict.reason += _flagged_checkpoints(analysis["series"], task, method, flags)
+            findings.append(verdict)
     return findings
 
 
@@ -508,10 +537,6 @@ def _against(finding: dict, statistic: str, bound: float) -> Finding:
     if finding["ci_high"] < bound:
         return Finding(**finding, verdict="does not hold", reason=f"the interval lies below {statistic} = {bound}")
     return Finding(**finding, verdict="undetermined", reason=f"the interval includes {statistic} = {bound}")
-
-
-def _undermining(flags: list[str]) -> list[str]:
-    return [f for f in flags if f.startswith(UNDERMINING)]
 
 
 def _roles(folder: Path, results: list[EvalResult]) -> tuple[dict[str, str | None], set[str]]:

@@ -6,7 +6,7 @@ token budget, each recipe is scored by its latest checkpoint within the budget. 
 them: the mean over pairs i < j of [s_i > s_j] == [t_i > t_j]. Its interval resamples benchmark
 rows, the same draw for every recipe, checkpoint and the target (see `stats.py`). The earliest
 budget a method decides from is the first from which its decision accuracy stays at or above a
-threshold. Per recipe, the series' noise is the spread (standard deviation) of its last
+threshold; the budget it is shown from, the first from which the interval's lower bound does. Per recipe, the series' noise is the spread (standard deviation) of its last
 checkpoints' scores, its monotonicity the Kendall tau of score against step, and a checkpoint is
 an outlier when its neighbours' trend, interpolated at its tokens, lies outside its own interval.
 
@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.stats import kendalltau
 
-from softeval.analysis.comparisons import cell_key, common_rows, finished_cells, outcome_table
+from softeval.analysis.comparisons import cell_flags, cell_key, common_rows, finished_cells, outcome_table, undermining
 from softeval.analysis.decisions import compare_decisions, decision_difference
 from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, quantile_interval, resampled_p_value, scipy_point
 from softeval.errors import SoftevalError
@@ -97,12 +97,13 @@ def decisions(
     return result
 
 
-def earliest_decision(found: Sequence[Budget], threshold: float = DECISION_THRESHOLD) -> float | None:
+def earliest_decision(found: Sequence[Budget], threshold: float = DECISION_THRESHOLD, *, bound: str = "value") -> float | None:
     """The first budget from which decision accuracy stays at or above `threshold`; None if the
-    last budget is below it."""
+    last budget is below it. `bound="ci_low"` asks it of the interval's lower bound: the budget
+    from which the rows show the decision, not only its estimate."""
     earliest = None
     for budget in reversed(found):
-        value = budget.decision_accuracy.value
+        value = getattr(budget.decision_accuracy, bound)
         if value is None or value < threshold:
             break
         earliest = budget.budget
@@ -266,6 +267,8 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
         if missing:
             return f"the reference {missing[0]} has no finished cell on it; run the study's cells first"
         target_cells = {n: cells[key] for n, key in keys.items()}
+    flagged = cell_flags(list(target_cells.values()), among=list(cells.values()))
+    target_flags = {cell_key(c)[0]: undermining(flagged[id(c)]) for c in target_cells.values()}
     checkpoint_cells = [cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods]
     rows = common_rows(checkpoint_cells + list(target_cells.values()))
     if len(rows) < 2:
@@ -281,13 +284,15 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
 
     target = np.stack([outcome_table([target_cells[n]], rows, CURVE_METRICS[target_metric])[0] for n in names])
     found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "target_scores": dict(zip(names, target.mean(axis=1).tolist())),
-             "curves": {}, "decisions": {}, "earliest": {}, "recipes": {}, "spread_over_noise": {}, "format_gap": {}}
+             "target_flags": {model: flags for model, flags in target_flags.items() if flags},
+             "curves": {}, "decisions": {}, "earliest": {}, "earliest_shown": {}, "recipes": {}, "spread_over_noise": {}, "format_gap": {}}
     for method in methods:
         found["curves"][method] = {metric: {n: _curve(table(n, method, metric), n_resamples, seed) for n in names} for metric in CURVE_METRICS}
         scored = [table(n, method, target_metric) for n in names]
         budgets_found = decisions(scored, x, target, n_resamples=n_resamples, seed=seed)
         found["decisions"][method] = [b.model_dump() for b in budgets_found]
         found["earliest"][method] = earliest_decision(budgets_found, threshold)
+        found["earliest_shown"][method] = earliest_decision(budgets_found, threshold, bound="ci_low")
         noises = {n: recipe_noise(t, xs, n_resamples=n_resamples, seed=seed) for n, t, xs in zip(names, scored, x)}
         found["recipes"][method] = {n: r.model_dump() for n, r in noises.items()}
         found["spread_over_noise"][method] = spread_over_noise([t[-1].mean() for t in scored], [r.noise for r in noises.values()])
@@ -397,9 +402,14 @@ def _separates(scores: Sequence[float]) -> bool:
 
 def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, threshold: float, *, first_budget: float,
            first_common: float | None, other_target: dict | None) -> list[str]:
-    """Why a figure of the task's analysis is n/a or a method never decides, and what in the folder
-    would decide: one sentence each, for analysis.md and the report page."""
+    """Why a figure of the task's analysis is n/a, means little (a flagged target) or a method never
+    decides, and what in the folder would decide: one sentence each, for analysis.md and the
+    report page."""
     notes = []
+    if found["target_flags"]:
+        flagged = "; ".join(f"{model}: {', '.join(flags)}" for model, flags in found["target_flags"].items())
+        notes.append(f"The target's cells are flagged ({flagged}): the order it gives the recipes may be noise, so decision accuracy "
+                     "against it means little, and the early-decision finding is undetermined.")
     target = found["target_scores"]
     shown = lambda scores: ", ".join(f"{n} {v:.2f}" for n, v in scores.items())  # noqa: E731
     means = lambda by_recipe, m: {n: float(outcome_table([c], rows, CURVE_METRICS[m])[0].mean()) for n, c in by_recipe.items()}  # noqa: E731

@@ -110,25 +110,35 @@ def paired_difference(a, b, *, n_resamples: int = 2000, seed: int = 0) -> Paired
 
 def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
     """Two-sided percentile-bootstrap p-value of `null`: twice the smaller share of resamples on
-    either side of it (each share counted as (k + 1) / (B + 1), so never 0), at most 1. It is
-    below 1 - CONFIDENCE about where the percentile interval excludes `null` (resamples equal to
-    `null` count on both sides, so the two can part where many tie at it).
+    either side of it (see `tail_share`), at most 1. It is below 1 - CONFIDENCE about where the
+    percentile interval excludes `null` (resamples equal to `null` count on both sides, so the two
+    can part where many tie at it)."""
+    return float(min(1.0, 2 * min(tail_share(resampled, null, above=False), tail_share(resampled, null, above=True))))
 
-    Where no resample reaches `null`, the share is only known to be below 1 / (B + 1), and every
-    clear effect would get the same 2 / (B + 1): a Holm adjustment over a study's hundreds of
-    findings multiplies that past any level. There the p-value is the normal approximation's
-    two-sided tail (the resamples' mean and standard deviation), at most 2 / (B + 1); 0 where
-    every resample is the same value."""
+
+def tail_share(resampled: np.ndarray, bound: float, *, above: bool, strict: bool = False) -> float:
+    """The share of resamples at or beyond `bound` on one side (above it, or below it; `strict`:
+    beyond it only), counted as (k + 1) / (B + 1), so never 0.
+
+    Where no resample is there, the share is only known to be below 1 / (B + 1), and every clear
+    effect would get that same floor: a Holm adjustment over a study's hundreds of findings
+    multiplies it past any level. There the share is the normal approximation's tail beyond
+    `bound` (the resamples' mean and standard deviation), at most 1 / (B + 1); 0 where every
+    resample is the same value."""
     from scipy.stats import norm
 
-    below, above = np.sum(resampled <= null), np.sum(resampled >= null)
-    if min(below, above) > 0 or resampled.size < 2:
-        return float(min(1.0, 2 * (min(below, above) + 1) / (resampled.size + 1)))
+    if above:
+        k = np.sum(resampled > bound) if strict else np.sum(resampled >= bound)
+    else:
+        k = np.sum(resampled < bound) if strict else np.sum(resampled <= bound)
+    n = resampled.size
+    if k > 0 or n < 2:
+        return float((k + 1) / (n + 1))
     sd = float(resampled.std(ddof=1))
     if sd == 0:
         return 0.0
-    tail = 2 * float(norm.sf(abs(float(resampled.mean()) - null) / sd))
-    return min(2 / (resampled.size + 1), tail)
+    distance = (bound - float(resampled.mean())) / sd
+    return min(1 / (n + 1), float(norm.sf(distance if above else -distance)))
 
 
 def paired_power(diff: np.ndarray, *, power: float = POWER) -> tuple[float | None, int | None]:

@@ -289,6 +289,7 @@ def series_view(folder: Path) -> dict | None:
     from softeval.reports.series import (
         curves_figure,
         PREDICTORS_TEXT,
+        budget_count,
         decision_rows,
         difference_lines,
         format_gap_lines,
@@ -307,7 +308,7 @@ def series_view(folder: Path) -> dict | None:
         return None
     analysis = json.loads(path.read_text(encoding="utf-8"))
     tasks = [
-        {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found),
+        {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found), "budgets": budget_count(found),
          "noise": noise_rows(analysis, found), "spread": spread_text(found), "format_gap": format_gap_lines(found),
          "chart": inline_svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),

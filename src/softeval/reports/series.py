@@ -88,12 +88,21 @@ def target_text(analysis: dict) -> str:
 
 
 def decision_rows(found: dict) -> list[list[str]]:
-    """A task's decision accuracy per budget (rows) and method (columns), its earliest decision last."""
+    """A task's decision accuracy per budget (rows) and method (columns), and its earliest decisions
+    last: by the estimate, and by the interval's lower bound (absent from older analyses)."""
     axis, methods = found["axis"], list(found["decisions"])
     rows = []
     for k, budget in enumerate(b["budget"] for b in found["decisions"][methods[0]]):
         rows.append([_budget(budget, axis)] + [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods])
-    return rows + [["decides from"] + [_budget(found["earliest"][m], axis) for m in methods]]
+    rows.append(["decides from"] + [_budget(found["earliest"][m], axis) for m in methods])
+    if "earliest_shown" in found:
+        rows.append(["shown from (interval)"] + [_budget(found["earliest_shown"][m], axis) for m in methods])
+    return rows
+
+
+def budget_count(found: dict) -> int:
+    """How many budget rows `decision_rows` starts with (the earliest decisions follow)."""
+    return len(next(iter(found["decisions"].values())))
 
 
 def noise_rows(analysis: dict, found: dict) -> list[list[str]]:
@@ -185,14 +194,15 @@ def analysis_markdown(analysis: dict) -> str:
         "",
         f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: {target_text(analysis)}. "
         "Decision accuracy: the share of recipe pairs a budget's scores order as the target does (95% intervals resample "
-        f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}.",
+        f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}, "
+        "and is shown to from the first from which its interval's lower bound does.",
     ]
     for task, found in analysis["tasks"].items():
         methods = list(found["decisions"])
         lines += ["", f"## {task} ({found['rows']} rows)", "", "| budget | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-        *budgets, earliest = decision_rows(found)
-        lines += ["| " + " | ".join(row) + " |" for row in budgets]
-        lines.append("| **decides from** | " + " | ".join(earliest[1:]) + " |")
+        rows, n_budgets = decision_rows(found), budget_count(found)
+        lines += ["| " + " | ".join(row) + " |" for row in rows[:n_budgets]]
+        lines += [f"| **{row[0]}** | " + " | ".join(row[1:]) + " |" for row in rows[n_budgets:]]
         lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", spread_text(found)]
@@ -206,7 +216,7 @@ def analysis_markdown(analysis: dict) -> str:
             lines += ["", truth_text(found), "", "| method | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
             lines += ["| " + " | ".join(row) + " |" for row in truth_rows(found)]
         if found.get("notes"):
-            lines += ["", "Why a figure is n/a or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
+            lines += ["", "Why a figure is n/a or means little, or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
         if found["format_gap"]:
             lines += ["", "Format gap in task accuracy per checkpoint:", ""] + [f"* {line}" for line in format_gap_lines(found)]
     for task, why in analysis.get("skipped", {}).items():
