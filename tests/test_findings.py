@@ -263,13 +263,53 @@ def agreement(low: float, high: float) -> dict:
 
 @pytest.mark.parametrize(("low", "high", "verdict"), [(0.6, 0.95, "holds"), (-0.5, 0.3, "does not hold"), (0.2, 0.9, "undetermined")])
 def test_soft_prompt_and_lora_line_up(low, high, verdict):
-    assert F._lora_finding(agreement(low, high), {}).verdict == verdict
+    assert F._lora_finding(agreement(low, high), {}, {}).verdict == verdict
 
 
 def test_soft_prompt_and_lora_without_cells_or_on_flagged_cells():
-    assert F._lora_finding(None, {}).verdict == "not applicable"
+    assert F._lora_finding(None, {}, {}).verdict == "not applicable"
     flags = {("m", "t", "lora", False): ["no strict answers"]}
-    assert F._lora_finding(agreement(0.6, 0.95), flags).verdict == "undetermined"
+    assert F._lora_finding(agreement(0.6, 0.95), flags, {}).verdict == "undetermined"
+
+
+def test_a_pooled_line_up_needs_each_role_to_line_up_too():
+    """Base models low under both methods and post-trained models high under both line up when
+    pooled, whatever either group does alone."""
+    apart = F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.1, 0.4), "post-trained": agreement(0.6, 0.9)})
+    assert apart.verdict == "undetermined" and "within base models it does not" in apart.reason
+    assert "within base models r 0.25 [0.10, 0.40] over 4; within post-trained models r 0.75 [0.60, 0.90] over 4" in apart.statistic
+    both = F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.55, 0.9), "post-trained": agreement(0.6, 0.9)})
+    assert both.verdict == "holds"
+    assert F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.1, 0.4)}).verdict == "holds"  # one role only: nothing pooled
+
+
+def test_the_study_findings_state_soft_prompt_and_lora_within_each_role(tmp_path):
+    """From cells: base models score low and post-trained ones high under both methods, and
+    within each group the two methods disagree; the pooled r alone would say they line up."""
+    from softeval.scoring import METRICS, EvalResult, Metric
+    from softeval.scoring.metrics import Sample
+
+    def cell(model: str, method: str, correct: int, role: str) -> EvalResult:
+        samples = [Sample(index=i, source=f"q{i}", prompt="Q?", n_demos=0, truncated=False, raw_completion="x", completion="x",
+                          stop_reason="stop", gold="A", strict_answer="A", strict_failure=None, lenient_answer="A", lenient_status="answer",
+                          lenient_note=None, format_ok=True, task_correct=i < correct, lenient_correct=i < correct, knowledge_correct=i < correct)
+                   for i in range(20)]
+        value = Metric(value=correct / 20, ci_low=None, ci_high=None)
+        config = {"model": model, "task": "t", "method": method, "chat": False, "k": 0, "seed": 0, "role": role}
+        return EvalResult(config=config, metrics=dict.fromkeys(METRICS, value), samples=samples, model={},
+                          data={"spec_sha256": "s", "split": "test", "sha256": "d", "rows": 20}, timings={}, n_truncated=0)
+
+    # within each role the soft prompt and LoRA order the models oppositely; between roles both jump
+    scores = {"base": [(2, 5), (3, 4), (4, 3), (5, 2)], "post-trained": [(15, 18), (16, 17), (17, 16), (18, 15)]}
+    results = [cell(f"{role}{i}", method, score, role) for role, pairs in scores.items() for i, pair in enumerate(pairs)
+               for method, score in zip(("soft-prompt", "lora"), pair)]
+    cells = {F.cell_key(r): r for r in results}
+    from softeval.analysis.comparisons import tuned_agreement
+
+    pooled = tuned_agreement(cells)
+    assert pooled["pearson"]["ci_low"] > 0.5  # the gap between the roles alone
+    [finding] = [f for f in F.study_findings(tmp_path, results, [], pooled) if f.claim == "soft_prompt_vs_lora"]
+    assert finding.verdict == "undetermined" and "within base models r -1.00" in finding.statistic
 
 
 def test_saturation_step_over_resamples_matches_one_at_a_time():

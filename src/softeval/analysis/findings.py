@@ -34,7 +34,9 @@ The claims and their rules:
    method, intervals from the same row draws (see `ranking.py`). Needs MIN_FAMILIES families.
 6. `soft_prompt_vs_lora`: soft-prompt and LoRA task accuracy line up across cells: Pearson r
    (Kendall tau-b beside it). Holds where r's interval lies above LINE_UP_R, does not hold where
-   it lies below.
+   it lies below. Where the cells mix base and post-trained models, r within each group is given
+   too, and a holds needs each group's interval above LINE_UP_R (the gap between the groups
+   alone can line up pooled scores).
 7. `early_decision` (where a study holds series): the soft prompt's task accuracy decides
    between recipes better than the best continuous proxy (the gold answer's probability or bits
    per byte, under any method): the difference in decision accuracy, averaged over the budgets,
@@ -71,7 +73,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING, cell_flags, cell_key, undermining
+from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING, cell_flags, cell_key, tuned_agreement, undermining
 from softeval.analysis.ranking import MIN_FAMILIES, families
 from softeval.analysis.series import TRUE_KNOWLEDGE_TAU
 from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts, tail_share
@@ -129,7 +131,7 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     findings += _curve_findings(folder, cells, flags)
     findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
-    findings.append(_lora_finding(agreement, flags))
+    findings.append(_lora_finding(agreement, flags, _agreement_by_role(cells, roles) if agreement else {}))
     findings += _decision_findings(folder, flags)
     findings += _truth_findings(folder, flags)
     return with_holm(findings)
@@ -422,12 +424,27 @@ def _ranked_cells(ranking: dict, cells: dict, methods: tuple[str, ...]) -> list[
 # --- 6: soft prompt vs LoRA ----------------------------------------------------------------------
 
 
-def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
+def _agreement_by_role(cells: dict, roles: dict[str, str | None]) -> dict[str, dict]:
+    """Soft prompt against LoRA within base models and within post-trained ones, where each has 3
+    cells or more (see `comparisons.tuned_agreement`)."""
+    found = {}
+    for role in ("base", "post-trained"):
+        agreement = tuned_agreement({key: cell for key, cell in cells.items() if roles.get(key[0]) == role})
+        if agreement is not None:
+            found[role] = agreement
+    return found
+
+
+def _lora_finding(agreement: dict | None, flags: dict, by_role: dict[str, dict]) -> Finding:
+    """Pearson r across the cells. Where they mix base and post-trained models, the gap between
+    the two groups alone can line the scores up, so a holds needs each group's own r above the
+    bound too, and the statistic gives each."""
     if agreement is None:
         return Finding(claim="soft_prompt_vs_lora", verdict="not applicable", reason="fewer than 3 (model, task) cells with both soft-prompt and LoRA")
     r, tau = agreement["pearson"], agreement["tau_b"]
     tau_text = "n/a" if tau["value"] is None else f"{tau['value']:.2f}"
-    finding = dict(claim="soft_prompt_vs_lora", statistic=f"Pearson r of task accuracy over {agreement['n_cells']} cells (Kendall tau-b {tau_text})",
+    within = "".join(f"; within {role} models r {_r_text(a['pearson'])} over {a['n_cells']}" for role, a in by_role.items())
+    finding = dict(claim="soft_prompt_vs_lora", statistic=f"Pearson r of task accuracy over {agreement['n_cells']} cells (Kendall tau-b {tau_text}){within}",
                    value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"], p_value=agreement.get("pearson_p"))
     cells = [(m, t, method, c) for m, t, c in agreement["cells"] for method in ("soft-prompt", "lora")]
     undermined = sorted({f for key in cells for f in flags.get(tuple(key), [])})
@@ -435,7 +452,19 @@ def _lora_finding(agreement: dict | None, flags: dict) -> Finding:
         return Finding(**finding, verdict="undetermined", reason=f"cells it rests on are flagged: {', '.join(undermined)}")
     if r["ci_low"] is None:
         return Finding(**finding, verdict="undetermined", reason="no interval (the scores are tied)")
-    return _against(finding, "r", LINE_UP_R)
+    pooled = _against(finding, "r", LINE_UP_R)
+    if pooled.verdict == "holds" and len(by_role) > 1:
+        short = [role for role, a in by_role.items() if a["pearson"]["ci_low"] is None or a["pearson"]["ci_low"] <= LINE_UP_R]
+        if short:
+            return Finding(**finding, verdict="undetermined", reason=f"the pooled interval lies above r = {LINE_UP_R}, but within {short[0]} models "
+                           "it does not: the gap between base and post-trained models may be what lines the scores up")
+    return pooled
+
+
+def _r_text(r: dict) -> str:
+    if r["value"] is None:
+        return "n/a"
+    return f"{r['value']:.2f}" + (f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r["ci_low"] is not None else "")
 
 
 # --- 7: true knowledge ----------------------------------------------------------------------------
