@@ -58,6 +58,17 @@ def test_saturation_does_not_hold_at_a_low_plateau_after_the_budget():
     assert finding.verdict == "undetermined" and "short of the budget of 80 steps" in finding.reason
 
 
+def test_a_plateau_reached_only_at_the_last_step_of_a_run_as_long_as_the_budget_is_no_saturation():
+    """At its last step any curve is within 95% of its own final value: reaching the plateau only
+    there says the curve may still be rising, however long the run."""
+    steps = [0, 20, 40, 60, 80]  # the budget at batch 8: 80 steps
+    late = switching(20, {r: 80 if r < 14 else 10_000 for r in range(20)}, steps)  # 70% at step 80, 0% before
+    finding = F._saturation(curve(steps, late), 8, WHERE, [])
+    assert (finding.value, finding.verdict) == (80, "undetermined") and "still be rising at the run's last step (80)" in finding.reason
+    early = switching(20, {r: 40 if r < 14 else 10_000 for r in range(20)}, steps)  # 70% from step 40: a plateau seen
+    assert F._saturation(curve(steps, early), 8, WHERE, []).verdict == "holds"
+
+
 def test_saturation_holds_only_where_the_final_format_following_is_surely_above_half():
     rows = switching(20, {r: 10 for r in range(11)} | {r: 10_000 for r in range(11, 20)}, STEPS)  # 55% from step 10
     finding = F._saturation(curve(STEPS, rows), 8, WHERE, [])

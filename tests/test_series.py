@@ -499,6 +499,13 @@ def test_agreement_with_true_knowledge_is_kendall_tau_b_over_checkpoints(tmp_pat
     assert {(f["method"], f["task"], f["verdict"]) for f in findings} == {("zero-shot", "quiz", "undetermined"), ("soft-prompt", "quiz", "undetermined")}
     assert "Kendall tau-b of the checkpoints' scores against their true knowledge" in (tmp_path / "analysis.md").read_text()
 
+    # a ground truth that lacks a checkpoint: the agreement is over the others, and the notes say so
+    del known["b@step-2"]
+    (tmp_path / "ground_truth.json").write_text(json.dumps({"tasks": ["quiz"], "models": known}))
+    found = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
+    assert found["truth"]["checkpoints"] == 5 and found["truth"]["missing"] == ["b@step-2"]
+    assert "ground_truth.json has no entry for 1 checkpoint (b@step-2): the agreement with true knowledge is over the other 5." in found["notes"]
+
 
 def test_a_flagged_target_is_named_in_the_notes(tmp_path):
     import json
@@ -516,3 +523,12 @@ def test_a_flagged_target_is_named_in_the_notes(tmp_path):
     assert found["target_flags"] == {"b-ref": ["no strict answers"]}
     assert found["notes"][0].startswith("The target's cells are flagged (b-ref: no strict answers): the order it gives the recipes may be noise")
     assert found["notes"][0] in (tmp_path / "analysis.md").read_text()
+
+
+def test_the_format_gap_names_each_checkpoint_and_its_unit():
+    from softeval.reports.series import FORMAT_GAP_TEXT, format_gap_lines
+
+    found = {"axis": "tokens", "x": {"a": [1e6, 2.5e6]},
+             "format_gap": {"zero-shot": {"a": [{"value": 0.25, "ci_low": 0.1, "ci_high": 0.4}, {"value": None, "ci_low": None, "ci_high": None}]}}}
+    assert format_gap_lines(found) == ["soft-prompt minus zero-shot, a: 1M tokens +25.0 [+10.0, +40.0], 2.5M tokens n/a"]
+    assert "percentage points" in FORMAT_GAP_TEXT

@@ -18,8 +18,10 @@ The claims and their rules:
    the validation rows (the same draw at every step). Holds where the whole interval is within
    the budget (in this run's steps) and the final format-following is at least MIN_PLATEAU; does
    not hold where the interval is all beyond the budget, or where a run as long as the budget
-   ends below MIN_PLATEAU; undetermined where a run shorter than the budget may still be rising
-   at its last step or has not yet reached MIN_PLATEAU.
+   ends below MIN_PLATEAU; undetermined where the plateau's interval reaches the run's last step
+   (the curve may still be rising, however long the run: at its last step any curve is within
+   PLATEAU_SHARE of its own final value) or a run shorter than the budget has not yet reached
+   MIN_PLATEAU.
 2. `knowledge_flat`: knowledge on the validation rows stays flat during tuning: the paired
    difference between the last validation step and step 0. Holds where the interval lies
    within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it; undetermined where every
@@ -207,9 +209,10 @@ def _saturation(curve: list[dict], batch_size: int | None, where: dict, undermin
         return Finding(**finding, verdict="does not hold", reason=f"format-following ends at {100 * final:.0f}%, below {100 * MIN_PLATEAU:.0f}%")
     if final_low < MIN_PLATEAU:
         return Finding(**finding, verdict="undetermined", reason=f"the final format-following's interval includes {100 * MIN_PLATEAU:.0f}%")
-    # a plateau reached only at the last step may be a curve still rising, unless it has no room
+    # a plateau reached only at the last step may be a curve still rising, however long the run
+    # (at the last step, any curve is within 95% of its own final value), unless it has no room
     # left to rise out of the plateau (even 100% would keep the last step within it)
-    if high >= steps[-1] and short and final < PLATEAU_SHARE:
+    if high >= steps[-1] and final < PLATEAU_SHARE:
         return Finding(**finding, verdict="undetermined", reason=f"format-following may still be rising at the run's last step ({steps[-1]})")
     if high <= budget:
         return Finding(**finding, verdict="holds", reason=f"saturated by step {high:g} at the latest, within {budget:g}")

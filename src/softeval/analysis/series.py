@@ -239,6 +239,10 @@ def series_analysis(
             continue
         if truth is not None and task in truth["tasks"]:
             found["truth"] = truth_agreement(series, cells, task, list(found["decisions"]), truth, n_resamples=n_resamples, seed=seed)
+            if found["truth"]["missing"]:
+                missing = found["truth"]["missing"]
+                found["notes"].append(f"{TRUTH_FILE} has no entry for {len(missing)} checkpoint{'s' if len(missing) > 1 else ''} "
+                                      f"({', '.join(missing)}): the agreement with true knowledge is over the other {found['truth']['checkpoints']}.")
         analysis["tasks"][task] = found
     if not analysis["tasks"]:
         wanted = "reference cells" if target == "reference" else f"{target_method} cells of every checkpoint"
@@ -352,6 +356,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
     every checkpoint the truth covers, on the rows every such cell evaluated; the interval
     resamples rows, the same draw for the scores and the truth."""
     points = [p["model"] for ps in series.values() for p in ps if p["model"] in truth["models"]]
+    missing = [p["model"] for ps in series.values() for p in ps if p["model"] not in truth["models"]]
     keyed = {m: [cells[(p, task, m, False)] for p in points] for m in methods}
     rows = common_rows([c for group in keyed.values() for c in group])
     known = np.array([[truth["models"][p][i] for i in rows] for p in points], dtype=float)
@@ -369,7 +374,8 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
             value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
             agreement[method][metric] = quantile_interval(value, resampled).model_dump() | {"p_value": resampled_p_value(value, resampled, TRUE_KNOWLEDGE_TAU)}
-    return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement}
+    return {"checkpoints": len(points), "rows": len(rows), "known": dict(zip(points, known.mean(axis=1).tolist())), "agreement": agreement,
+            "missing": missing}
 
 
 def _other_target(series: dict, references: dict, by_reference: bool, cells: dict, task: str, methods: list[str]) -> dict | None:

@@ -287,9 +287,11 @@ def series_view(folder: Path) -> dict | None:
     """The folder's series analysis (OUTPUT/analysis.json), where there is one: per task, decision
     accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
     from softeval.reports.series import (
-        curves_figure,
+        FORMAT_GAP_TEXT,
+        NOISE_HEADER,
         PREDICTORS_TEXT,
         budget_count,
+        curves_figure,
         decision_rows,
         difference_lines,
         format_gap_lines,
@@ -309,7 +311,8 @@ def series_view(folder: Path) -> dict | None:
     analysis = json.loads(path.read_text(encoding="utf-8"))
     tasks = [
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found), "budgets": budget_count(found),
-         "noise": noise_rows(analysis, found), "spread": spread_text(found), "format_gap": format_gap_lines(found),
+         "noise": noise_rows(analysis, found), "noise_header": NOISE_HEADER, "spread": spread_text(found),
+         "format_gap": format_gap_lines(found), "format_gap_text": FORMAT_GAP_TEXT,
          "chart": inline_svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
                         "differences": difference_lines(found)} if found.get("predictors") else None,

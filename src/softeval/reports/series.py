@@ -11,6 +11,7 @@ from pathlib import Path
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.analysis import series_analysis
+from softeval.analysis.series import NOISE_CHECKPOINTS
 from softeval.errors import SoftevalError
 from softeval.scoring import SERIES_FILE
 
@@ -182,10 +183,23 @@ def difference_lines(found: dict) -> list[str]:
     return lines
 
 
+FORMAT_GAP_TEXT = "Format gap in task accuracy per checkpoint (the soft prompt minus the baseline, in percentage points, 95% intervals):"
+NOISE_HEADER = ["method", "recipe", f"noise (sd of the last {NOISE_CHECKPOINTS} checkpoints)", "monotonicity (Kendall tau of score and step)",
+                "outlier checkpoints"]
+
+
 def format_gap_lines(found: dict) -> list[str]:
-    """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint."""
-    return [f"soft-prompt minus {other}, {name}: " + ", ".join(_estimate(g) for g in per_checkpoint)
+    """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint, named by
+    its place on the budget axis."""
+    return [f"soft-prompt minus {other}, {name}: " + ", ".join(f"{_budget(x, found['axis'])} {_points(g)}" for x, g in zip(found["x"][name], per_checkpoint))
             for other, gaps in found["format_gap"].items() for name, per_checkpoint in gaps.items()]
+
+
+def _points(estimate: dict) -> str:
+    if estimate["value"] is None:
+        return "n/a"
+    interval = f" [{100 * estimate['ci_low']:+.1f}, {100 * estimate['ci_high']:+.1f}]" if estimate["ci_low"] is not None else ""
+    return f"{100 * estimate['value']:+.1f}{interval}"
 
 
 def analysis_markdown(analysis: dict) -> str:
@@ -203,7 +217,7 @@ def analysis_markdown(analysis: dict) -> str:
         rows, n_budgets = decision_rows(found), budget_count(found)
         lines += ["| " + " | ".join(row) + " |" for row in rows[:n_budgets]]
         lines += [f"| **{row[0]}** | " + " | ".join(row[1:]) + " |" for row in rows[n_budgets:]]
-        lines += ["", "| method | recipe | noise | monotonicity | outlier checkpoints |", "|---|---|---|---|---|"]
+        lines += ["", "| " + " | ".join(NOISE_HEADER) + " |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", spread_text(found)]
         if found.get("predictors"):
@@ -218,7 +232,7 @@ def analysis_markdown(analysis: dict) -> str:
         if found.get("notes"):
             lines += ["", "Why a figure is n/a or means little, or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
         if found["format_gap"]:
-            lines += ["", "Format gap in task accuracy per checkpoint:", ""] + [f"* {line}" for line in format_gap_lines(found)]
+            lines += ["", FORMAT_GAP_TEXT, ""] + [f"* {line}" for line in format_gap_lines(found)]
     for task, why in analysis.get("skipped", {}).items():
         lines += ["", f"## {task}: not analysed", "", f"{why}."]
     return "\n".join(lines) + "\n"
