@@ -245,6 +245,7 @@ def curves_figure(found: dict, task: str, metric: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     methods = list(found["curves"])
     fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.2), sharey=True, squeeze=False)
@@ -257,6 +258,11 @@ def curves_figure(found: dict, task: str, metric: str):
             ax.fill_between(xs, low, high, alpha=0.2)
         if found["axis"] == "tokens":
             ax.set_xscale("log")  # checkpoints are often spaced by doubling
+            # ticks at 1, 2 and 5 of each power of ten, labelled as budgets are ("200K"): the
+            # default labels every minor tick of a short span, and they overlap
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: _budget(value, "tokens").removesuffix(" tokens")))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(method)
         ax.set_xlabel(found["axis"])
     axes[0][0].set_ylabel(f"{task} {metric.replace('_', ' ')}")
