@@ -532,3 +532,21 @@ def test_the_format_gap_names_each_checkpoint_and_its_unit():
              "format_gap": {"zero-shot": {"a": [{"value": 0.25, "ci_low": 0.1, "ci_high": 0.4}, {"value": None, "ci_low": None, "ci_high": None}]}}}
     assert format_gap_lines(found) == ["soft-prompt minus zero-shot, a: 1M tokens +25.0 [+10.0, +40.0], 2.5M tokens n/a"]
     assert "percentage points" in FORMAT_GAP_TEXT
+
+
+def test_an_analysis_written_by_an_older_softeval_is_reported_and_asks_to_be_run_again(tmp_path):
+    """analysis.json from before the early-decision verdict (it held `excludes_zero`): the page, the
+    markdown and the findings read it without a crash, and say to analyse again."""
+    import json
+
+    from softeval.analysis import findings as F
+    from softeval.reports.series import OLDER_ANALYSIS, difference_lines
+
+    older = {"first": "soft-prompt / task_accuracy", "second": "zero-shot / gold_prob", "among": 3, "best_continuous": True,
+             "per_budget": [{"value": 0.1, "ci_low": 0.0, "ci_high": 0.2}], "mean": {"value": 0.1, "ci_low": 0.0, "ci_high": 0.2},
+             "excludes_zero": False, "p_value": 0.2}
+    found = {"rows": 8, "predictors": {"budgets": [1], "differences": [older]}}
+    assert OLDER_ANALYSIS in difference_lines(found)[0]
+    (tmp_path / "analysis.json").write_text(json.dumps({"target": {"kind": "reference"}, "series": {}, "tasks": {"quiz": found}}))
+    [finding] = F._decision_findings(tmp_path, {})
+    assert finding.verdict == "undetermined" and "run softeval analyze again" in finding.reason

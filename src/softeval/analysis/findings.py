@@ -507,6 +507,8 @@ def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
 def _among_verdict(proxy: dict) -> dict:
     """The early-decision verdict from the comparison with every proxy (`decision_difference`)."""
     n = proxy["among"]
+    if "verdict" not in proxy:
+        return {"verdict": "undetermined", "reason": "analysis.json was written by an older softeval, without this verdict: run softeval analyze again"}
     if proxy["verdict"] == "better":
         return {"verdict": "holds", "reason": f"the interval against each of the {n} proxies lies above 0"}
     if proxy["verdict"] == "worse":

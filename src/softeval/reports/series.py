@@ -167,6 +167,10 @@ def predictor_rows(found: dict) -> list[list[str]]:
     return rows
 
 
+# an analysis.json written by an older softeval lacks what newer reports read from it
+OLDER_ANALYSIS = "no verdict in this analysis.json (written by an older softeval): run softeval analyze again"
+
+
 def difference_lines(found: dict) -> list[str]:
     """The soft prompt's task accuracy minus the best continuous proxy (and the best predictor),
     in decision accuracy: the mean over budgets and each budget, with paired intervals, and the
@@ -177,7 +181,8 @@ def difference_lines(found: dict) -> list[str]:
             " by mean decision accuracy"
         signed = lambda e: "n/a" if e["value"] is None else f"{e['value']:+.2f}" + (f" [{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]" if e["ci_low"] is not None else "")  # noqa: E731
         verdict = {"better": f"decides better than each of the {d['among']}",
-                   "worse": f"decides worse than at least one of them (Holm over the {d['among']})"}.get(d["verdict"], "no difference shown")
+                   "worse": f"decides worse than at least one of them (Holm over the {d['among']})",
+                   "no difference shown": "no difference shown"}.get(d.get("verdict"), OLDER_ANALYSIS)
         lines.append(f"{d['first']} minus {d['second']} ({which}): mean decision accuracy {signed(d['mean'])}, {verdict}; "
                      "per budget " + ", ".join(signed(e) for e in d["per_budget"]))
     return lines
