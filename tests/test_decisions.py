@@ -95,9 +95,32 @@ def test_better_needs_every_candidate_beaten_and_worse_one_candidate_after_holm(
     tied = decision_difference(compared, "right", ["wrong", "wrong too", "right too"])
     assert tied["verdict"] == "no difference shown" and tied["second"] == "right too"
     worse = decision_difference(compared, "wrong", ["right", "wrong too"])
-    assert worse["verdict"] == "worse"
     against = worse["against"]
-    assert worse["p_value"] == pytest.approx(min(p for p in holm([against["right"]["p_value"], against["wrong too"]["p_value"]]) if p is not None))
+    assert worse["verdict"] == "worse" and worse["decided_by"] == "right"
+    assert holm([against["right"]["p_value"], against["wrong too"]["p_value"]])[0] < 0.05  # the rule: Holm over the candidates
+    assert worse["p_value"] == against["right"]["p_value"]  # reported unadjusted: a study's findings are adjusted together
+
+
+def difference(value: float, low: float, high: float, p: float) -> dict:
+    return {"mean": {"value": value, "ci_low": low, "ci_high": high}, "p_value": p}
+
+
+def test_the_p_value_of_each_verdict_tests_what_the_verdict_says():
+    from softeval.analysis.decisions import _verdict_among
+
+    # ten candidates each a little higher: Holm over ten leaves none, and "better" is as far as it can be
+    ten = {f"c{k}": difference(-0.1, -0.18, -0.02, 0.01) for k in range(10)}
+    assert _verdict_among(ten) == ("no difference shown", 1.0, None)
+    # better than one, worse than another: neither shown, and the p-value of "better" counts the higher one as 1
+    mixed = {"a": difference(0.1, 0.02, 0.18, 0.03), "b": difference(-0.1, -0.18, -0.02, 0.03)}
+    assert _verdict_among(mixed) == ("no difference shown", 1.0, None)
+    # better than both: the intersection-union test's p-value is the larger
+    assert _verdict_among({"a": difference(0.1, 0.02, 0.18, 0.03), "b": difference(0.2, 0.1, 0.3, 0.001)}) == ("better", 0.03, None)
+    # worse, decided by a tight candidate that is not the best by its mean
+    worse = _verdict_among({"best": difference(-0.05, -0.15, 0.05, 0.4), "tight": difference(-0.04, -0.06, -0.02, 0.001)})
+    assert worse == ("worse", 0.001, "tight")
+    assert _verdict_among({}) == ("no difference shown", None, None)
+
 
 
 def test_continuous_values_decide_where_their_means_order_the_recipes():
@@ -121,3 +144,10 @@ def test_signal_to_noise_as_heineman_et_al_define_it():
     assert signal_to_noise(curves) == pytest.approx(signal / noise)
     assert signal_to_noise([np.array([0.3, 0.3, 0.3]), np.array([0.5, 0.5, 0.5])]) is None  # no noise to divide by
     assert signal_to_noise([np.array([0.3])]) is None
+
+
+def test_against_no_defined_candidate_there_is_no_comparison():
+    target = np.stack([table(m, seed=9)[0] for m in (0.2, 0.8)])
+    compared = compare_decisions({"x": recipes(0.2, 0.8), "y": recipes(0.3, 0.7, seed=5)}, [[0] * 2, [1] * 2], target, threshold=0.8, n_resamples=100)
+    assert decision_difference(compared, "x", []) is None and decision_difference(compared, "x", ["x"]) is None
+    assert decision_difference(compared, "x", ["x", "y"])["among"] == 1  # the predictor itself is no candidate

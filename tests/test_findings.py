@@ -67,6 +67,11 @@ def test_a_plateau_reached_only_at_the_last_step_of_a_run_as_long_as_the_budget_
     assert (finding.value, finding.verdict) == (80, "undetermined") and "still be rising at the run's last step (80)" in finding.reason
     early = switching(20, {r: 40 if r < 14 else 10_000 for r in range(20)}, steps)  # 70% from step 40: a plateau seen
     assert F._saturation(curve(steps, early), 8, WHERE, []).verdict == "holds"
+    assert finding.p_value is None  # undetermined by the rule, not by the interval: no test to report
+    # in a run longer than the budget, a plateau reached only at its last step comes after the budget
+    longer = [0, 50, 100, 150, 200]
+    after = F._saturation(curve(longer, switching(20, {r: 200 if r < 14 else 10_000 for r in range(20)}, longer)), 8, WHERE, [])
+    assert (after.value, after.verdict) == (200, "does not hold")
 
 
 def test_saturation_holds_only_where_the_final_format_following_is_surely_above_half():
@@ -130,7 +135,7 @@ def test_knowledge_flat_every_verdict():
     # known by no row, or by every row, at both steps: it could move one way only
     for level, move in ((0, "rise"), (1, "fall")):
         at_bound = F._knowledge_flat(curve([0, 40], [[1] * 40] * 2, [[level] * 40] * 2), WHERE, [])
-        assert at_bound.verdict == "undetermined" and f"it could only {move}" in at_bound.reason
+        assert at_bound.verdict == "undetermined" and f"it could only {move}" in at_bound.reason and at_bound.p_value is None
     # a clear equivalence keeps a p-value below the resamples' floor (2 / 2001), so Holm over many findings can confirm it
     wobbly = curve([0, 40], [[1] * 400] * 2, [[int(r % 2 == 0) for r in range(400)], [int(r % 2 == 0) != (r < 4) for r in range(400)]])
     flat = F._knowledge_flat(wobbly, WHERE, [])
@@ -291,7 +296,11 @@ def test_a_pooled_line_up_needs_each_role_to_line_up_too():
     assert "within base models r 0.25 [0.10, 0.40] over 4; within post-trained models r 0.75 [0.60, 0.90] over 4" in apart.statistic
     both = F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.55, 0.9), "post-trained": agreement(0.6, 0.9)})
     assert both.verdict == "holds"
-    assert F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.1, 0.4)}).verdict == "holds"  # one role only: nothing pooled
+    # a role with fewer than 3 cells cannot be checked; the others must line up, and one at least must be checked
+    assert F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.55, 0.9), "post-trained": None}).verdict == "holds"
+    few = F._lora_finding(agreement(0.6, 0.95), {}, {"base": agreement(0.1, 0.4), "post-trained": None})
+    assert few.verdict == "undetermined" and "within post-trained models fewer than 3 cells" in few.statistic
+    assert F._lora_finding(agreement(0.6, 0.95), {}, {"base": None, "post-trained": None}).verdict == "undetermined"
 
 
 def test_the_study_findings_state_soft_prompt_and_lora_within_each_role(tmp_path):
@@ -321,6 +330,11 @@ def test_the_study_findings_state_soft_prompt_and_lora_within_each_role(tmp_path
     assert pooled["pearson"]["ci_low"] > 0.5  # the gap between the roles alone
     [finding] = [f for f in F.study_findings(tmp_path, results, [], pooled) if f.claim == "soft_prompt_vs_lora"]
     assert finding.verdict == "undetermined" and "within base models r -1.00" in finding.statistic
+    # two post-trained models only: too few to check within, and the base models still do not line up
+    fewer = [r for r in results if r.config["model"] not in ("post-trained2", "post-trained3")]
+    cells = {F.cell_key(r): r for r in fewer}
+    [finding] = [f for f in F.study_findings(tmp_path, fewer, [], tuned_agreement(cells)) if f.claim == "soft_prompt_vs_lora"]
+    assert finding.verdict == "undetermined" and "within post-trained models fewer than 3 cells" in finding.statistic
 
 
 def test_saturation_step_over_resamples_matches_one_at_a_time():
@@ -550,5 +564,6 @@ def test_the_early_decision_finding_is_undetermined_on_a_flagged_target_and_coun
     counted = finding({}, {("a@1", "quiz", "soft-prompt", False): ["no strict answers"], ("b@1", "quiz", "soft-prompt", False): ["at chance (25%)"],
                            ("b@2", "quiz", "zero-shot", False): ["at chance (25%)"]})
     assert counted.verdict == "holds" and counted.reason.endswith("; 2 of its 4 checkpoint cells are flagged (no strict answers 1, at chance 1)")
-    proxy["verdict"] = "worse"
-    assert finding({}, {}).verdict == "does not hold"
+    proxy |= {"verdict": "worse", "decided_by": "few-shot / gold_bpb", "against": {"few-shot / gold_bpb": {"value": -0.1, "ci_low": -0.2, "ci_high": -0.05}}}
+    worse = finding({}, {})
+    assert worse.verdict == "does not hold" and worse.reason.startswith("few-shot / gold_bpb decides better (the soft prompt minus it: -0.10 [-0.20, -0.05])")

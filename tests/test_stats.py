@@ -379,3 +379,15 @@ def test_p_values_beyond_every_resample_stay_apart_so_holm_can_confirm_clear_eff
     k = min(np.sum(near <= 0), np.sum(near >= 0))
     assert k > 0 and bootstrap_p_value(near) == pytest.approx(2 * (k + 1) / 2001)
     assert bootstrap_p_value(np.full(50, 0.4)) == 0.0 and bootstrap_p_value(np.full(50, 0.0)) == 1.0
+
+
+def test_a_tail_share_counts_defined_resamples_on_its_side():
+    from softeval.analysis.stats import tail_share
+
+    resampled = np.array([0.1, 0.2, 0.3, 0.3, np.nan, np.nan])
+    assert tail_share(resampled, 0.2, above=True) == pytest.approx(4 / 5)  # 0.2, 0.3, 0.3 of 4 defined, as (k + 1) / (B + 1)
+    assert tail_share(resampled, 0.2, above=True, strict=True) == pytest.approx(3 / 5)  # beyond it only
+    assert tail_share(resampled, 0.2, above=False) == pytest.approx(3 / 5)
+    # none at or below 0: the normal tail below 0, at most 1 / (B + 1)
+    tail = tail_share(np.array([0.1, 0.2, 0.3, 0.3]), 0.0, above=False)
+    assert 0 < tail < 1 / 5

@@ -102,30 +102,35 @@ def compare_decisions(
     return {"predictors": found, "boots": boots}
 
 
-def decision_difference(compared: dict, first: str, among: Sequence[str]) -> dict:
+def decision_difference(compared: dict, first: str, among: Sequence[str]) -> dict | None:
     """`first` against the best of `among` in decision accuracy (per budget and in the mean over
-    budgets) and its verdict, from paired intervals (the same row draws for both).
+    budgets) and its verdict, from paired intervals (the same row draws for both); None where no
+    candidate's mean is defined.
 
     The comparison shown is against the best of `among` by mean decision accuracy, per budget
-    and in the mean, with that comparator held fixed in every resample. The verdict compares
-    `first` with each of `among` (multiple comparisons with the best): "better" where every
-    difference's interval lies above 0 (an intersection-union test: each at the 95% level, no
-    adjustment needed), "worse" where some candidate is better with its p-value Holm-adjusted over
-    the candidates, else "no difference shown". Re-choosing the best in each resample instead
-    would centre the interval on the bootstrap's maximum, which lies above the best's own
-    value by the noise among the candidates: the more candidates, the worse `first` would look."""
-    means = {name: compared["predictors"][name]["mean"]["value"] for name in among}
-    candidates = [n for n in among if means[n] is not None]
+    and in the mean, with that comparator held fixed in every resample (its intervals are not
+    adjusted for the other candidates). The verdict compares `first` with each candidate
+    (multiple comparisons with the best): "better" where every difference's interval lies above
+    0 (an intersection-union test: each at the 95% level, no adjustment needed), "worse" where
+    some candidate scores higher with its p-value Holm-adjusted over the candidates (that
+    candidate is `decided_by`), else "no difference shown". Re-choosing the best in each
+    resample instead would centre the interval on the bootstrap's maximum, which lies above the
+    best's own value by the noise among the candidates: the more candidates, the worse `first`
+    would look."""
+    means = {name: compared["predictors"][name]["mean"]["value"] for name in among if name != first}
+    candidates = [n for n in means if means[n] is not None]
+    if not candidates:
+        return None
     second = max(candidates, key=means.__getitem__)
     a, boot_a = compared["predictors"][first], compared["boots"][first]
     against = {name: _mean_difference(compared, first, name) for name in candidates}
     b, boot_b = compared["predictors"][second], compared["boots"][second]
     per_budget = [_estimate(_minus(x["value"], y["value"]), ra - rb) for x, y, ra, rb in
                   zip(a["decision_accuracy"], b["decision_accuracy"], boot_a, boot_b)]
-    verdict, p_value = _verdict_among(against)
-    mean = against[second]["mean"]
-    return {"first": first, "second": second, "among": len(among), "per_budget": per_budget, "mean": mean, "verdict": verdict,
-            "p_value": p_value, "against": {name: d["mean"] | {"p_value": d["p_value"]} for name, d in against.items()}}
+    verdict, p_value, decided_by = _verdict_among(against)
+    return {"first": first, "second": second, "among": len(candidates), "per_budget": per_budget, "mean": against[second]["mean"],
+            "verdict": verdict, "p_value": p_value, "decided_by": decided_by,
+            "against": {name: d["mean"] | {"p_value": d["p_value"]} for name, d in against.items()}}
 
 
 def _mean_difference(compared: dict, first: str, other: str) -> dict:
@@ -136,21 +141,25 @@ def _mean_difference(compared: dict, first: str, other: str) -> dict:
     return {"mean": mean, "p_value": resampled_p_value(mean["value"], resampled)}
 
 
-def _verdict_among(against: dict[str, dict]) -> tuple[str, float | None]:
+def _verdict_among(against: dict[str, dict]) -> tuple[str, float | None, str | None]:
     """"better", "worse" or "no difference shown" against every candidate (see
-    `decision_difference`), and a p-value: for "worse" the smallest p-value, Holm-adjusted over
-    every candidate, of those that score higher, else the largest p-value of the comparisons (the
-    intersection-union test's, which "better" rests on)."""
-    means = [d["mean"] for d in against.values()]
-    if all(m["ci_low"] is not None and m["ci_low"] > 0 for m in means):
-        return "better", max((d["p_value"] for d in against.values() if d["p_value"] is not None), default=None)
+    `decision_difference`), its p-value and, for "worse", the candidate that decides it.
+
+    The p-value of "worse" is that candidate's own (unadjusted: a study's findings are adjusted
+    together later); otherwise the intersection-union test's for "better", the largest p-value of
+    the comparisons, where a candidate scoring as high or higher counts as 1."""
+    better_p = max((1.0 if d["mean"]["value"] is None or d["mean"]["value"] <= 0 or d["p_value"] is None else d["p_value"])
+                   for d in against.values()) if against else None
+    if against and all(d["mean"]["ci_low"] is not None and d["mean"]["ci_low"] > 0 for d in against.values()):
+        return "better", better_p, None
     # adjusted over every candidate (the family tested), then read where the candidate scores higher
     adjusted = holm([d["p_value"] for d in against.values()])
-    higher = [p for p, d in zip(adjusted, against.values()) if p is not None and d["mean"]["value"] is not None and d["mean"]["value"] < 0]
-    smallest = min(higher, default=None)
-    if smallest is not None and smallest < 1 - CONFIDENCE:
-        return "worse", smallest
-    return "no difference shown", max((d["p_value"] for d in against.values() if d["p_value"] is not None), default=None)
+    higher = [(p, name) for p, (name, d) in zip(adjusted, against.items())
+              if p is not None and d["mean"]["value"] is not None and d["mean"]["value"] < 0]
+    if higher and min(higher)[0] < 1 - CONFIDENCE:
+        name = min(higher)[1]
+        return "worse", against[name]["p_value"], name
+    return "no difference shown", better_p, None
 
 
 def _per_budget(tables: Sequence[np.ndarray], checkpoints: Sequence[list[int]], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

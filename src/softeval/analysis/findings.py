@@ -18,10 +18,10 @@ The claims and their rules:
    the validation rows (the same draw at every step). Holds where the whole interval is within
    the budget (in this run's steps) and the final format-following is at least MIN_PLATEAU; does
    not hold where the interval is all beyond the budget, or where a run as long as the budget
-   ends below MIN_PLATEAU; undetermined where the plateau's interval reaches the run's last step
-   (the curve may still be rising, however long the run: at its last step any curve is within
-   PLATEAU_SHARE of its own final value) or a run shorter than the budget has not yet reached
-   MIN_PLATEAU.
+   ends below MIN_PLATEAU; undetermined where, in a run no longer than the budget, the plateau's
+   interval reaches the run's last step (the curve may still be rising: at its last step any
+   curve is within PLATEAU_SHARE of its own final value), or where a run shorter than the budget
+   has not yet reached MIN_PLATEAU.
 2. `knowledge_flat`: knowledge on the validation rows stays flat during tuning: the paired
    difference between the last validation step and step 0. Holds where the interval lies
    within +-KNOWLEDGE_MARGIN, does not hold where it lies outside it; undetermined where every
@@ -37,8 +37,8 @@ The claims and their rules:
 6. `soft_prompt_vs_lora`: soft-prompt and LoRA task accuracy line up across cells: Pearson r
    (Kendall tau-b beside it). Holds where r's interval lies above LINE_UP_R, does not hold where
    it lies below. Where the cells mix base and post-trained models, r within each group is given
-   too, and a holds needs each group's interval above LINE_UP_R (the gap between the groups
-   alone can line up pooled scores).
+   too, and a holds needs the interval of each group with 3 cells or more (one at least) above
+   LINE_UP_R (the gap between the groups alone can line up pooled scores).
 7. `early_decision` (where a study holds series): the soft prompt's task accuracy decides
    between recipes better than the best continuous proxy (the gold answer's probability or bits
    per byte, under any method): the difference in decision accuracy, averaged over the budgets,
@@ -57,8 +57,9 @@ score tells checkpoints apart), not a fault in the measurement. The reason count
 
 Each finding with an interval carries a two-sided bootstrap p-value against the bound its
 verdict tests (0 for differences, the budget for saturation, r = LINE_UP_R, tau =
-TRUE_KNOWLEDGE_TAU; for knowledge staying flat, two one-sided tests against +-KNOWLEDGE_MARGIN),
-and a Holm-adjusted one across the study's (`holm_verdict`: a holds whose adjusted p-value is not
+TRUE_KNOWLEDGE_TAU; for knowledge staying flat, two one-sided tests against +-KNOWLEDGE_MARGIN;
+for the early decision, see `decisions.decision_difference`); none where a rule rather than the
+interval leaves it undetermined; and a Holm-adjusted one across the study's (`holm_verdict`: a holds whose adjusted p-value is not
 below 1 - CONFIDENCE is undetermined there). A paired
 finding left undetermined because its interval includes 0 states the smallest difference its
 rows could detect and the rows that would detect the observed one, each with 80% power.
@@ -133,7 +134,7 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     findings += _curve_findings(folder, cells, flags)
     findings += _paired_findings(comparisons, roles, guessed, flags)
     findings += _ranking_findings(folder, cells, flags)
-    findings.append(_lora_finding(agreement, flags, _agreement_by_role(cells, roles) if agreement else {}))
+    findings.append(_lora_finding(agreement, flags, _agreement_by_role(cells, roles, agreement) if agreement else {}))
     findings += _decision_findings(folder, flags)
     findings += _truth_findings(folder, flags)
     return with_holm(findings)
@@ -209,11 +210,13 @@ def _saturation(curve: list[dict], batch_size: int | None, where: dict, undermin
         return Finding(**finding, verdict="does not hold", reason=f"format-following ends at {100 * final:.0f}%, below {100 * MIN_PLATEAU:.0f}%")
     if final_low < MIN_PLATEAU:
         return Finding(**finding, verdict="undetermined", reason=f"the final format-following's interval includes {100 * MIN_PLATEAU:.0f}%")
-    # a plateau reached only at the last step may be a curve still rising, however long the run
-    # (at the last step, any curve is within 95% of its own final value), unless it has no room
-    # left to rise out of the plateau (even 100% would keep the last step within it)
-    if high >= steps[-1] and final < PLATEAU_SHARE:
-        return Finding(**finding, verdict="undetermined", reason=f"format-following may still be rising at the run's last step ({steps[-1]})")
+    # within the budget, a plateau reached only at the last step may be a curve still rising (at
+    # the last step any curve is within 95% of its own final value), unless it has no room left
+    # to rise out of the plateau (even 100% would keep the last step within it); beyond the
+    # budget, such a plateau comes after it whatever it does next
+    if high >= steps[-1] and steps[-1] <= budget and final < PLATEAU_SHARE:
+        return Finding(**finding | {"p_value": None}, verdict="undetermined",
+                       reason=f"format-following may still be rising at the run's last step ({steps[-1]})")
     if high <= budget:
         return Finding(**finding, verdict="holds", reason=f"saturated by step {high:g} at the latest, within {budget:g}")
     if low > budget:
@@ -239,7 +242,7 @@ def _knowledge_flat(curve: list[dict], where: dict, undermined: list[str]) -> Fi
         return Finding(**finding, verdict="undetermined", reason="too few validation rows for an interval")
     for level, move in ((0, "rise"), (1, "fall")):
         if (first == level).all() and (last == level).all():  # a flat line at a bound shows one direction only
-            return Finding(**finding, verdict="undetermined", reason=f"knowledge is {level} on every validation row at both steps: "
+            return Finding(**finding | {"p_value": None}, verdict="undetermined", reason=f"knowledge is {level} on every validation row at both steps: "
                            f"it could only {move}, so staying flat shows half of the claim")
     margin = f"+-{100 * KNOWLEDGE_MARGIN:.0f} points"
     if -KNOWLEDGE_MARGIN <= d.ci_low and d.ci_high <= KNOWLEDGE_MARGIN:
@@ -427,26 +430,28 @@ def _ranked_cells(ranking: dict, cells: dict, methods: tuple[str, ...]) -> list[
 # --- 6: soft prompt vs LoRA ----------------------------------------------------------------------
 
 
-def _agreement_by_role(cells: dict, roles: dict[str, str | None]) -> dict[str, dict]:
-    """Soft prompt against LoRA within base models and within post-trained ones, where each has 3
-    cells or more (see `comparisons.tuned_agreement`)."""
-    found = {}
-    for role in ("base", "post-trained"):
-        agreement = tuned_agreement({key: cell for key, cell in cells.items() if roles.get(key[0]) == role})
-        if agreement is not None:
-            found[role] = agreement
-    return found
+def _agreement_by_role(cells: dict, roles: dict[str, str | None], agreement: dict) -> dict[str, dict | None]:
+    """Where the agreement's cells mix roles (base, post-trained, or unknown), soft prompt against
+    LoRA within each role (see `comparisons.tuned_agreement`; None where a role has fewer than 3
+    cells); empty where they are of one role."""
+    role_of = lambda model: roles.get(model) or "unknown"  # noqa: E731
+    present = list(dict.fromkeys(role_of(model) for model, _, _ in agreement["cells"]))
+    if len(present) < 2:
+        return {}
+    return {role: tuned_agreement({key: cell for key, cell in cells.items() if role_of(key[0]) == role}) for role in present}
 
 
-def _lora_finding(agreement: dict | None, flags: dict, by_role: dict[str, dict]) -> Finding:
-    """Pearson r across the cells. Where they mix base and post-trained models, the gap between
-    the two groups alone can line the scores up, so a holds needs each group's own r above the
-    bound too, and the statistic gives each."""
+def _lora_finding(agreement: dict | None, flags: dict, by_role: dict[str, dict | None]) -> Finding:
+    """Pearson r across the cells. Where they mix base and post-trained models (`by_role`), the
+    gap between the two groups alone can line the scores up, so a holds needs the r of each group
+    with 3 cells or more above the bound too (and one such group at least), and the statistic
+    gives each."""
     if agreement is None:
         return Finding(claim="soft_prompt_vs_lora", verdict="not applicable", reason="fewer than 3 (model, task) cells with both soft-prompt and LoRA")
     r, tau = agreement["pearson"], agreement["tau_b"]
     tau_text = "n/a" if tau["value"] is None else f"{tau['value']:.2f}"
-    within = "".join(f"; within {role} models r {_r_text(a['pearson'])} over {a['n_cells']}" for role, a in by_role.items())
+    within = "".join(f"; within {role} models " + (f"r {_r_text(a['pearson'])} over {a['n_cells']}" if a else "fewer than 3 cells")
+                     for role, a in by_role.items())
     finding = dict(claim="soft_prompt_vs_lora", statistic=f"Pearson r of task accuracy over {agreement['n_cells']} cells (Kendall tau-b {tau_text}){within}",
                    value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"], p_value=agreement.get("pearson_p"))
     cells = [(m, t, method, c) for m, t, c in agreement["cells"] for method in ("soft-prompt", "lora")]
@@ -456,11 +461,15 @@ def _lora_finding(agreement: dict | None, flags: dict, by_role: dict[str, dict])
     if r["ci_low"] is None:
         return Finding(**finding, verdict="undetermined", reason="no interval (the scores are tied)")
     pooled = _against(finding, "r", LINE_UP_R)
-    if pooled.verdict == "holds" and len(by_role) > 1:
-        short = [role for role, a in by_role.items() if a["pearson"]["ci_low"] is None or a["pearson"]["ci_low"] <= LINE_UP_R]
+    if pooled.verdict == "holds" and by_role:
+        checked = {role: a for role, a in by_role.items() if a is not None}
+        short = [role for role, a in checked.items() if a["pearson"]["ci_low"] is None or a["pearson"]["ci_low"] <= LINE_UP_R]
         if short:
             return Finding(**finding, verdict="undetermined", reason=f"the pooled interval lies above r = {LINE_UP_R}, but within {short[0]} models "
                            "it does not: the gap between base and post-trained models may be what lines the scores up")
+        if not checked:
+            return Finding(**finding, verdict="undetermined", reason=f"the pooled interval lies above r = {LINE_UP_R}, but no role has 3 cells "
+                           "to show it within: the gap between base and post-trained models may be what lines the scores up")
     return pooled
 
 
@@ -512,7 +521,10 @@ def _among_verdict(proxy: dict) -> dict:
     if proxy["verdict"] == "better":
         return {"verdict": "holds", "reason": f"the interval against each of the {n} proxies lies above 0"}
     if proxy["verdict"] == "worse":
-        return {"verdict": "does not hold", "reason": f"a proxy decides better, with its p-value Holm-adjusted over the {n}"}
+        other = proxy["against"][proxy["decided_by"]]
+        interval = f" [{other['ci_low']:+.2f}, {other['ci_high']:+.2f}]" if other["ci_low"] is not None else ""
+        return {"verdict": "does not hold", "reason": f"{proxy['decided_by']} decides better (the soft prompt minus it: {other['value']:+.2f}"
+                f"{interval}), its p-value Holm-adjusted over the {n} proxies"}
     return {"verdict": "undetermined", "reason": f"neither better than each of the {n} proxies nor worse than one of them"}
 
 

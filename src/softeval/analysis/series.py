@@ -338,8 +338,9 @@ def _predictors(series: dict, cells: dict, task: str, methods: list[str], rows: 
         raw = [name for name in defined if name != soft and "(mean of last" not in name]
         proxies = [name for name in raw if name.split(" / ")[1] in CONTINUOUS]
         for among, is_proxy in ((proxies, True), (raw, False)):
-            if among:
-                differences.append(decision_difference(compared, soft, among) | {"best_continuous": is_proxy})
+            difference = decision_difference(compared, soft, among)
+            if difference is not None:
+                differences.append(difference | {"best_continuous": is_proxy})
     return {"results": compared["predictors"], "ranked": ranked, "differences": differences}
 
 

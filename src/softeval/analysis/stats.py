@@ -117,8 +117,8 @@ def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
 
 
 def tail_share(resampled: np.ndarray, bound: float, *, above: bool, strict: bool = False) -> float:
-    """The share of resamples at or beyond `bound` on one side (above it, or below it; `strict`:
-    beyond it only), counted as (k + 1) / (B + 1), so never 0.
+    """The share of the defined resamples at or beyond `bound` on one side (above it, or below it;
+    `strict`: beyond it only), counted as (k + 1) / (B + 1), so never 0.
 
     Where no resample is there, the share is only known to be below 1 / (B + 1), and every clear
     effect would get that same floor: a Holm adjustment over a study's hundreds of findings
@@ -127,6 +127,7 @@ def tail_share(resampled: np.ndarray, bound: float, *, above: bool, strict: bool
     resample is the same value."""
     from scipy.stats import norm
 
+    resampled = resampled[np.isfinite(resampled)]  # an undefined resample is no draw
     if above:
         k = np.sum(resampled > bound) if strict else np.sum(resampled >= bound)
     else:

@@ -173,15 +173,17 @@ OLDER_ANALYSIS = "no verdict in this analysis.json (written by an older softeval
 
 def difference_lines(found: dict) -> list[str]:
     """The soft prompt's task accuracy minus the best continuous proxy (and the best predictor),
-    in decision accuracy: the mean over budgets and each budget, with paired intervals, and the
-    verdict against every candidate (see `analysis.decisions.decision_difference`)."""
+    in decision accuracy: the mean over budgets and each budget, with paired intervals (not
+    adjusted for the other candidates), and the verdict against every candidate (see
+    `analysis.decisions.decision_difference`)."""
     lines = []
     for d in found["predictors"]["differences"]:
         which = (f"the best continuous proxy of {d['among']}" if d["best_continuous"] else f"the best of {d['among']} other predictors") + \
             " by mean decision accuracy"
         signed = lambda e: "n/a" if e["value"] is None else f"{e['value']:+.2f}" + (f" [{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]" if e["ci_low"] is not None else "")  # noqa: E731
+        decider = d.get("decided_by")
         verdict = {"better": f"decides better than each of the {d['among']}",
-                   "worse": f"decides worse than at least one of them (Holm over the {d['among']})",
+                   "worse": f"decides worse than {decider} ({signed(d['against'][decider]) if decider else 'n/a'}, Holm over the {d['among']})",
                    "no difference shown": "no difference shown"}.get(d.get("verdict"), OLDER_ANALYSIS)
         lines.append(f"{d['first']} minus {d['second']} ({which}): mean decision accuracy {signed(d['mean'])}, {verdict}; "
                      "per budget " + ", ".join(signed(e) for e in d["per_budget"]))
