@@ -59,10 +59,10 @@ Each finding with an interval carries a two-sided bootstrap p-value against the 
 verdict tests (0 for differences, the budget for saturation, r = LINE_UP_R, tau =
 TRUE_KNOWLEDGE_TAU; for knowledge staying flat, two one-sided tests against +-KNOWLEDGE_MARGIN;
 for the early decision, see `decisions.decision_difference`); none where a rule rather than the
-interval leaves it undetermined; and a Holm-adjusted one across the study's (`holm_verdict`: a holds whose adjusted p-value is not
-below 1 - CONFIDENCE is undetermined there). A paired
-finding left undetermined because its interval includes 0 states the smallest difference its
-rows could detect and the rows that would detect the observed one, each with 80% power.
+interval leaves it undetermined; and a Holm-adjusted one across the study's (`holm_verdict`: a
+holds whose adjusted p-value is not below 1 - CONFIDENCE is undetermined there). A paired finding
+left undetermined because its interval includes 0 states the smallest difference its rows could
+detect and the rows that would detect the observed one, each with 80% power.
 """
 
 from __future__ import annotations
@@ -500,7 +500,7 @@ def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
                        statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
                        f"{proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
         if found.get("target_flags"):
-            flagged = "; ".join(f"{model}: {', '.join(flags)}" for model, flags in found["target_flags"].items())
+            flagged = "; ".join(f"{model}: {', '.join(marks)}" for model, marks in found["target_flags"].items())
             findings.append(Finding(**finding, verdict="undetermined", reason=f"the target's cells are flagged ({flagged})"))
             continue
         if analysis["target"]["kind"] != "reference":

@@ -6,9 +6,10 @@ token budget, each recipe is scored by its latest checkpoint within the budget. 
 them: the mean over pairs i < j of [s_i > s_j] == [t_i > t_j]. Its interval resamples benchmark
 rows, the same draw for every recipe, checkpoint and the target (see `stats.py`). The earliest
 budget a method decides from is the first from which its decision accuracy stays at or above a
-threshold; the budget it is shown from, the first from which the interval's lower bound does. Per recipe, the series' noise is the spread (standard deviation) of its last
-checkpoints' scores, its monotonicity the Kendall tau of score against step, and a checkpoint is
-an outlier when its neighbours' trend, interpolated at its tokens, lies outside its own interval.
+threshold; the budget it is shown from, the first from which the interval's lower bound does.
+Per recipe, the series' noise is the spread (standard deviation) of its last checkpoints'
+scores, its monotonicity the Kendall tau of score against step, and a checkpoint is an outlier
+when its neighbours' trend, interpolated at its tokens, lies outside its own interval.
 
 Inputs are outcome tables: for a recipe, `(checkpoints, rows)` of 0/1 outcomes of one method and
 metric on the rows every cell evaluated; the target is `(recipes, rows)`.

@@ -118,13 +118,12 @@ def bootstrap_p_value(resampled: np.ndarray, null: float = 0.0) -> float:
 
 def tail_share(resampled: np.ndarray, bound: float, *, above: bool, strict: bool = False) -> float:
     """The share of the defined resamples at or beyond `bound` on one side (above it, or below it;
-    `strict`: beyond it only), counted as (k + 1) / (B + 1), so never 0.
+    `strict`: beyond it only), counted as (k + 1) / (B + 1) where k resamples are there.
 
-    Where no resample is there, the share is only known to be below 1 / (B + 1), and every clear
-    effect would get that same floor: a Holm adjustment over a study's hundreds of findings
-    multiplies it past any level. There the share is the normal approximation's tail beyond
-    `bound` (the resamples' mean and standard deviation), at most 1 / (B + 1); 0 where every
-    resample is the same value."""
+    Where none is, the share is only known to be below 1 / (B + 1), and every clear effect would
+    get that same floor: a Holm adjustment over a study's hundreds of findings multiplies it past
+    any level. There the share is the normal approximation's tail beyond `bound` (the resamples'
+    mean and standard deviation), at most 1 / (B + 1); 0 where every resample is the same value."""
     from scipy.stats import norm
 
     resampled = resampled[np.isfinite(resampled)]  # an undefined resample is no draw

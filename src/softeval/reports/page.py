@@ -2,9 +2,10 @@
 
 It works opened from disk, offline: the styles and the script are inline, the charts are SVG
 drawn by matplotlib (so the page needs no chart library, and a chart is the same figure the
-library draws elsewhere; a tuning's chart is the curve.svg drawn when the tuning ended), and the samples travel as one JSON block that a small script filters and
-pages through (a table of 10,000 rows is rendered a page at a time). Text that a model wrote is
-always inserted as text, never as markup.
+library draws elsewhere; a tuning's chart is the curve.svg drawn when the tuning ended), and
+the samples travel as one JSON block that a small script filters and pages through (a table of
+10,000 rows is rendered a page at a time). Text that a model wrote is always inserted as text,
+never as markup.
 """
 
 from __future__ import annotations
