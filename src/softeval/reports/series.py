@@ -216,7 +216,7 @@ def analysis_markdown(analysis: dict) -> str:
         f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: {target_text(analysis)}. "
         "Decision accuracy: the share of recipe pairs a budget's scores order as the target does (95% intervals resample "
         f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}, "
-        "and is shown to from the first from which its interval's lower bound does.",
+        "and is shown to decide from the first budget from which its interval's lower bound does.",
     ]
     for task, found in analysis["tasks"].items():
         methods = list(found["decisions"])
