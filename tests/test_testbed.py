@@ -57,7 +57,7 @@ def test_pre_training_is_deterministic(tmp_path):
     assert saved[0] == saved[1]
 
 
-def test_post_training_asks_each_task_as_its_prompt_does_about_untested_people(tmp_path):
+def test_post_training_asks_each_task_as_its_prompt_does_about_people_neither_tested_nor_validating(tmp_path):
     from softeval.tasks import load_task
     from softeval.testbed.tasks import write_tasks
     from softeval.testbed.training import conversations
@@ -65,7 +65,7 @@ def test_post_training_asks_each_task_as_its_prompt_does_about_untested_people(t
     world = make_world(0, 48, SPLITS)
     paths = write_tasks(world, tmp_path / "tasks")
     pairs = conversations(list(paths.values()))
-    post = [world.people[i] for split in ("post", "tune", "validation") for i in world.splits[split]]  # everyone untested
+    post = [world.people[i] for split in ("post", "tune") for i in world.splits[split]]  # everyone neither tested nor validating
     assert len(pairs) == 2 * len(post) * len(ATTRIBUTES)
     qa, mc = pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]
     person, attribute = post[0], ATTRIBUTES[0]
@@ -74,8 +74,8 @@ def test_post_training_asks_each_task_as_its_prompt_does_about_untested_people(t
     assert {answer for _, answer in mc} <= {"A", "B", "C", "D"}
     for (user, letter), (_, value) in zip(mc, qa):  # the letter names the right value among the options shown
         assert f"\n{letter}. {value}\n" in user
-    tested = {world.people[i].name for i in world.splits["test"]}
-    assert not [user for user, _ in pairs if any(name in user for name in tested)]
+    unseen = {world.people[i].name for split in ("test", "validation") for i in world.splits[split]}
+    assert not [user for user, _ in pairs if any(name in user for name in unseen)]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@
 
 The splits ask about disjoint people: `train` (tuning rows and demonstrations), `validation` (the
 tuning curves) and `test` (scored; row i is test fact i of `truth.py`); `post` asks about every
-person no test row asks about, for the references' post-training conversations. Every person of
-the world is in pre-training.
+person no test or validation row asks about, for the references' post-training conversations.
+Every person of the world is in pre-training.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import yaml
 from softeval._io import write_text_atomic
 from softeval.testbed.world import ATTRIBUTES, World
 
-SPLITS = {"train": ("tune",), "validation": ("validation",), "test": ("test",), "post": ("post", "tune", "validation")}  # file split -> world splits
+# file split -> world splits; the references' post-training never asks about a validation person,
+# so a tuning curve on a reference reads questions it was not fine-tuned on
+SPLITS = {"train": ("tune",), "validation": ("validation",), "test": ("test",), "post": ("post", "tune")}
 QA_INSTRUCTION = "Answer the question with the name alone."
 N_OPTIONS = 4
 
