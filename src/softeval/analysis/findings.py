@@ -78,7 +78,7 @@ from pydantic import BaseModel
 
 from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING, cell_flags, cell_key, tuned_agreement, undermining
 from softeval.analysis.ranking import MIN_FAMILIES, families
-from softeval.analysis.series import TRUE_KNOWLEDGE_TAU
+from softeval.analysis.series import TRUE_KNOWLEDGE_TAU, flagged_text
 from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts, tail_share
 from softeval.scoring import MODELS_FILE, EvalResult
 
@@ -500,8 +500,7 @@ def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
                        statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
                        f"{proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
         if found.get("target_flags"):
-            flagged = "; ".join(f"{model}: {', '.join(marks)}" for model, marks in found["target_flags"].items())
-            findings.append(Finding(**finding, verdict="undetermined", reason=f"the target's cells are flagged ({flagged})"))
+            findings.append(Finding(**finding, verdict="undetermined", reason=f"the target's cells are flagged ({flagged_text(found['target_flags'])})"))
             continue
         if analysis["target"]["kind"] != "reference":
             findings.append(Finding(**finding, verdict="undetermined", reason="the target is the last checkpoints' own score, by which a "

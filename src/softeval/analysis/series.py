@@ -408,6 +408,11 @@ def _separates(scores: Sequence[float]) -> bool:
     return len(set(scores)) > 1
 
 
+def flagged_text(flags: dict[str, list[str]]) -> str:
+    """Flagged cells as text: each model with its flags."""
+    return "; ".join(f"{model}: {', '.join(marks)}" for model, marks in flags.items())
+
+
 def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, threshold: float, *, first_budget: float,
            first_common: float | None, other_target: dict | None) -> list[str]:
     """Why a figure of the task's analysis is n/a, means little (a flagged target) or a method never
@@ -415,8 +420,7 @@ def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, thresh
     report page."""
     notes = []
     if found["target_flags"]:
-        flagged = "; ".join(f"{model}: {', '.join(flags)}" for model, flags in found["target_flags"].items())
-        notes.append(f"The target's cells are flagged ({flagged}): the order it gives the recipes may be noise, so decision accuracy "
+        notes.append(f"The target's cells are flagged ({flagged_text(found['target_flags'])}): the order it gives the recipes may be noise, so decision accuracy "
                      "against it means little, and the early-decision finding is undetermined.")
     target = found["target_scores"]
     shown = lambda scores: ", ".join(f"{n} {v:.2f}" for n, v in scores.items())  # noqa: E731

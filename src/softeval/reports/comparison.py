@@ -128,10 +128,17 @@ def diagnostics_table(results: list) -> list[str]:
 
 
 def _difference(d: dict) -> str:
+    return points_text(d, bold=d["excludes_zero"])
+
+
+def points_text(d: dict, *, bold: bool = False) -> str:
+    """A difference of shares in percentage points with its interval; `bold` marks the value
+    (markdown)."""
     if d["value"] is None:
         return "n/a"
     ci = f" [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]" if d["ci_low"] is not None else ""
-    return f"{'**' if d['excludes_zero'] else ''}{100 * d['value']:+.1f}{'**' if d['excludes_zero'] else ''}{ci}"
+    mark = "**" if bold else ""
+    return f"{mark}{100 * d['value']:+.1f}{mark}{ci}"
 
 
 def comparisons_table(comparisons: list[dict], task: str) -> list[str]:

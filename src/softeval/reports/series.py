@@ -13,6 +13,7 @@ from softeval._io import write_json_atomic, write_text_atomic
 from softeval.analysis import series_analysis
 from softeval.analysis.series import NOISE_CHECKPOINTS
 from softeval.errors import SoftevalError
+from softeval.reports.comparison import points_text
 from softeval.scoring import SERIES_FILE
 
 log = logging.getLogger("softeval")
@@ -198,15 +199,8 @@ NOISE_HEADER = ["method", "recipe", f"noise (sd of the last {NOISE_CHECKPOINTS} 
 def format_gap_lines(found: dict) -> list[str]:
     """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint, named by
     its place on the budget axis."""
-    return [f"soft-prompt minus {other}, {name}: " + ", ".join(f"{_budget(x, found['axis'])} {_points(g)}" for x, g in zip(found["x"][name], per_checkpoint))
+    return [f"soft-prompt minus {other}, {name}: " + ", ".join(f"{_budget(x, found['axis'])} {points_text(g)}" for x, g in zip(found["x"][name], per_checkpoint))
             for other, gaps in found["format_gap"].items() for name, per_checkpoint in gaps.items()]
-
-
-def _points(estimate: dict) -> str:
-    if estimate["value"] is None:
-        return "n/a"
-    interval = f" [{100 * estimate['ci_low']:+.1f}, {100 * estimate['ci_high']:+.1f}]" if estimate["ci_low"] is not None else ""
-    return f"{100 * estimate['value']:+.1f}{interval}"
 
 
 def analysis_markdown(analysis: dict) -> str:
