@@ -15,7 +15,7 @@ import softeval
 SOURCE = Path(softeval.__file__).parent
 
 # lowest first; the base modules (errors, _io, _lazy, _charts, progress) serve every layer
-LAYERS = ["base", "formats", "models", "tasks", "engine", "scoring", "tuning", "analysis", "reports", "study", "testbed", "cli"]
+LAYERS = ["base", "formats", "models", "tasks", "engine", "scoring", "tuning", "analysis", "reports", "study", "loop", "testbed", "cli"]
 BASE = {"errors", "_io", "_lazy", "_charts", "progress"}
 
 

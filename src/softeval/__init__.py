@@ -14,9 +14,12 @@ _EXPORTS = {
     "EvalResult": "scoring",
     "Example": "formats",
     "FORMATS": "formats",
+    "InLoop": "loop",
     "LoadedModel": "models",
     "SoftPrompt": "tuning",
+    "SoftevalCallback": "loop",
     "SoftevalError": "errors",
+    "SoftevalLightningCallback": "loop",
     "Study": "study",
     "TaskSpec": "tasks",
     "TuneConfig": "tuning",
@@ -35,6 +38,7 @@ _EXPORTS = {
     "save_soft_prompt": "tuning",
     "sweep": "tuning",
     "tune": "tuning",
+    "watch": "loop",
 }
 
 __all__ = [
@@ -42,10 +46,13 @@ __all__ = [
     "EvalResult",
     "Example",
     "FORMATS",
+    "InLoop",
     "LoadedModel",
     "METHODS",
     "SoftPrompt",
+    "SoftevalCallback",
     "SoftevalError",
+    "SoftevalLightningCallback",
     "Study",
     "TaskSpec",
     "TuneConfig",
@@ -64,6 +71,7 @@ __all__ = [
     "save_soft_prompt",
     "sweep",
     "tune",
+    "watch",
 ]
 
 
@@ -73,6 +81,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
     from softeval.errors import SoftevalError
     from softeval.formats import FORMATS, Example
+    from softeval.loop import InLoop, SoftevalCallback, SoftevalLightningCallback, watch
     from softeval.models import ALIASES, LoadedModel, load_model, prepare_alias
     from softeval.reports import rank_study
     from softeval.scoring import EvalResult

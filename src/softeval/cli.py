@@ -105,6 +105,8 @@ def _interrupted() -> str:
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     if command in ("run", "eval", "study"):
         return "interrupted; finished cells and tuning checkpoints are kept: rerun the same command to do the rest"
+    if command == "watch":
+        return "interrupted; evaluated checkpoints are kept: rerun the same command to go on where it stopped"
     if command == "tune":
         return "interrupted; the last checkpoint is kept: rerun the same command with --resume to continue from it"
     return "interrupted"
@@ -405,6 +407,62 @@ def testbed_command(
         stdout.print(line, highlight=False, markup=False)
     stdout.print(f"built in {design['seconds']:.0f} s; wrote {folder / 'study.yaml'}; run it with: softeval study {folder / 'study.yaml'} --output OUT",
                  highlight=False)
+
+
+@app.command("watch")
+def watch_command(
+    runs: Annotated[list[Path], typer.Argument(help="Training run folders; each checkpoint folder in them (checkpoint-N/, step-N/) is evaluated once complete.")],
+    output: Annotated[Path, typer.Option(help="Report folder: each run a series of checkpoints, with analysis, comparison and page.")],
+    study_file: Annotated[Path | None, typer.Option("--study", help="A study file whose settings (tasks, methods, limit, tuning) the checkpoints are evaluated with.")] = None,
+    task: Annotated[list[str] | None, typer.Option("--task", help="Built-in task, lm-eval:NAME or task YAML; repeatable (or give --study).")] = None,
+    method: Annotated[list[str] | None, typer.Option(help=f"Of {', '.join(METHODS)}; repeatable or comma-separated (default zero-shot, few-shot, soft-prompt).")] = None,
+    k: Shots = 5,
+    limit: Limit = None,
+    steps: Steps = TUNE.steps,
+    eval_every: Annotated[int, typer.Option(min=1, help="Validate every E tuning steps.")] = TUNE.eval_every,
+    val_size: Annotated[int, typer.Option(min=1, help="Validation rows scored during tuning.")] = TUNE.val_size,
+    warm_start: Annotated[bool | None, typer.Option(help="Tune each checkpoint's soft prompt from the previous checkpoint's (default: on).")] = None,
+    tokens_per_step: Annotated[float | None, typer.Option(min=0, help="Tokens per training step, where a checkpoint's name and trainer state give none.")] = None,
+    until_step: Annotated[int | None, typer.Option(min=0, help="Stop once every run has a checkpoint at or past this step evaluated.")] = None,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between looks at the run folders.")] = 30.0,
+    settle: Annotated[float, typer.Option(min=0, help="Seconds a checkpoint's files must stay unchanged (where its trainer marks no finished save).")] = 10.0,
+    once: Annotated[bool, typer.Option(help="Evaluate what is complete now, then stop.")] = False,
+    seed: Seed = 0,
+    data_dir: DataDir = None,
+    wandb: Wandb = None,
+    mlflow: Mlflow = None,
+) -> None:
+    """Evaluate training runs' checkpoints as they land, with no change to the trainer."""
+    import signal
+    import threading
+
+    from softeval.loop.settings import LoopSettings, load_loop_settings
+
+    flags = {key: value for key, value in {"warm_start": warm_start, "tokens_per_step": tokens_per_step}.items() if value is not None}
+    if study_file is not None:
+        if task or method:
+            raise SoftevalError("--study gives the tasks and methods; drop --task and --method (or --study)")
+        settings = load_loop_settings(study_file, **flags)
+    elif not task:
+        raise SoftevalError("give the tasks to evaluate: --task NAME (repeatable), or --study FILE")
+    else:
+        settings = validated(
+            LoopSettings, tasks=task, methods=methods_list(method) if method else ["zero-shot", "few-shot", "soft-prompt"], k=k, limit=limit,
+            seed=seed, tuning={"steps": steps, "eval_every": eval_every, "val_size": val_size}, **flags,
+        )
+    from softeval.loop import watch
+
+    stop = threading.Event()  # SIGTERM (a scheduler's stop): the checkpoint under way is finished first
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    watched = watch(runs, output=output, settings=settings, data_dir=data_dir, poll=poll, settle=settle, until_step=until_step, once=once,
+                    stop=stop, wandb=wandb, mlflow=mlflow)
+    stdout.print(f"evaluated {len(watched)} checkpoints", highlight=False)
+    if (output / "analysis.json").is_file():
+        print_analysis_files(output)
+    from softeval.reports import PAGE
+
+    if (output / PAGE).is_file():
+        stdout.print(f"report: {output / PAGE}", highlight=False)
 
 
 @app.command("report")

@@ -17,6 +17,7 @@ EXPORTS = {
     "checkpoint_step": "loading",
     "checkpoint_tokens": "loading",
     "expand_checkpoints": "loading",
+    "live_model": "loading",
     "free_hub_weights": "loading",
     "load_model": "loading",
     "local_checkpoint": "loading",
@@ -24,6 +25,7 @@ EXPORTS = {
     "model_name": "loading",
     "prepare_alias": "loading",
     # fingerprint
+    "parameters_sha256": "fingerprint",
     "weights_sha256": "fingerprint",
     # memory
     "kept_free_bytes": "memory",

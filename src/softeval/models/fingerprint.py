@@ -119,3 +119,17 @@ class _HashCache:
             write_json_atomic(self.path, self.entries)
         except SoftevalError as exc:  # a cache that cannot be written costs time on the next command, nothing else
             log.debug("the weights' hash cache was not written: %s", exc)
+
+
+def parameters_sha256(network) -> str:
+    """One sha256 over a model's parameters in memory (names, dtypes, shapes and bytes, in
+    order): the weights of a model evaluated while it trains, which has no files. Each tensor
+    is copied to the CPU on its own, so the copy never holds more than one tensor."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, parameter in network.named_parameters():
+        tensor = parameter.detach()
+        digest.update(f"{name}\0{str(tensor.dtype)}\0{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -258,6 +258,19 @@ def load_model(
     return lm
 
 
+def live_model(name: str, network: torch.nn.Module, tokenizer, *, weights_sha256: str) -> LoadedModel:
+    """A model that is training now, as softeval evaluates it: the network itself (no copy, no
+    file), named `name` (`recipe@step-N`), its identity read off it with the hash of its
+    parameters in memory (see `fingerprint.parameters_sha256`). The caller keeps it frozen and
+    in eval mode while it is evaluated (see `softeval.loop.guard`)."""
+    for needed in ("config", "get_input_embeddings"):
+        if not hasattr(network, needed):
+            raise SoftevalError(f"{type(network).__name__} is not a transformers causal LM (it has no {needed}); "
+                                "evaluate a transformers model, or save checkpoints and use softeval watch")
+    identity = model_identity(name, network, {"live": name, "weights_sha256": weights_sha256})
+    return _describe(name, network, tokenizer, identity, None, lambda: network)
+
+
 def split_revision(spec: str) -> tuple[str, str | None]:
     """A hub id and the revision after its '@' (a branch, tag or commit: `org/name@step1000`), or
     None for the default branch. A hub id holds no '@'; a revision may hold '/'."""

@@ -176,7 +176,10 @@ def cost(result: EvalResult) -> str:
     if not t:
         return "-"
     seconds = f", {t['tuning_seconds']:.0f} s" if t.get("tuning_seconds") is not None else ""
-    return f"{t['trainable_parameters']:,}{seconds}"
+    # adaptive tuning departs from the fixed-steps protocol: said beside the score it gave
+    stopped = t.get("stopped_early")
+    early = f", stopped at step {stopped['step']} of {stopped['of_steps']} (patience {stopped['patience']})" if stopped else ""
+    return f"{t['trainable_parameters']:,}{seconds}{early}"
 
 
 def write_comparison(folder: Path) -> list[EvalResult]:

@@ -347,3 +347,69 @@ def _mlflow_tables(client, run_id: str, tables: dict[str, Table]) -> None:
             # MLflow's own pandas call warns under pandas 3 (select_dtypes and 'str'); not ours to fix
             warnings.filterwarnings("ignore", message=".*select_dtypes.*")
             client.log_table(run_id, data=table.as_columns(), artifact_file=f"{name}.json")
+
+
+# --- metrics at the training step (evaluation while training) -------------------------------------
+
+
+STEP_PREFIX = "softeval"  # in-loop metrics: softeval/<task>/<method>/<metric>, against softeval/step
+
+
+class StepTracker:
+    """Scores of checkpoints evaluated while a model trains, logged against the training step
+    (and the tokens seen): into the training's own tracker run where one is active (the W&B run
+    `wandb.run` that transformers' Trainer opens, MLflow's active run), else into a run of
+    softeval's own, opened at the first checkpoint and kept open until `finish`."""
+
+    def __init__(self, *, run_name: str, wandb: str | None = None, mlflow: str | None = None):
+        self.run_name, self.wandb_project, self.mlflow_uri = run_name, wandb, mlflow
+        self._wandb_run, self._wandb_own = None, False
+        self._mlflow, self._mlflow_own = None, False  # (client, run id)
+
+    def log(self, step: int, tokens: float | None, metrics: dict[str, float]) -> None:
+        values = {f"{STEP_PREFIX}/{metric_key(key)}": float(v) for key, v in metrics.items() if v is not None and math.isfinite(v)}
+        if tokens is not None:
+            values[f"{STEP_PREFIX}/tokens"] = float(tokens)
+        for tracker, where, log_step in (("wandb", self.wandb_project, self._log_wandb), ("mlflow", self.mlflow_uri, self._log_mlflow)):
+            if where:
+                _guarded(tracker, where, log_step, step, values, after="the cells are on disk, and training goes on")
+
+    def _log_wandb(self, step: int, values: dict[str, float]) -> None:
+        wandb = _import("wandb")
+        if self._wandb_run is None:
+            self._wandb_own = wandb.run is None
+            self._wandb_run = wandb.run or wandb.init(project=self.wandb_project, name=self.run_name, job_type="softeval-in-loop",
+                                                      settings=wandb.Settings(console="off"))
+            self._wandb_run.define_metric(f"{STEP_PREFIX}/step")
+            self._wandb_run.define_metric(f"{STEP_PREFIX}/*", step_metric=f"{STEP_PREFIX}/step")
+        # no step=: the training's run counts its own steps, and softeval/step is the x-axis of these
+        self._wandb_run.log({f"{STEP_PREFIX}/step": step, **values})
+
+    def _log_mlflow(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        if self._mlflow is None:
+            mlflow = _import("mlflow")
+            active = mlflow.active_run()
+            if active is not None:  # the training's run, on the tracking server it logs to
+                from mlflow.tracking import MlflowClient
+
+                self._mlflow = (MlflowClient(tracking_uri=mlflow.get_tracking_uri()), active.info.run_id)
+            else:
+                client = _mlflow_client(self.mlflow_uri)
+                run = client.create_run(_mlflow_experiment(client), run_name=self.run_name, tags={"softeval.in_loop": "true"})
+                self._mlflow, self._mlflow_own = (client, run.info.run_id), True
+        client, run_id = self._mlflow
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step) for key, value in values.items()]
+        for start in range(0, len(metrics), MLFLOW_BATCH):
+            client.log_batch(run_id, metrics=metrics[start : start + MLFLOW_BATCH])
+
+    def finish(self) -> None:
+        """End the runs softeval opened; a training's own run is left to it."""
+        if self._wandb_run is not None and self._wandb_own:
+            self._wandb_run.finish()
+        if self._mlflow is not None and self._mlflow_own:
+            client, run_id = self._mlflow
+            client.set_terminated(run_id, status="FINISHED")
+        self._wandb_run = self._mlflow = None

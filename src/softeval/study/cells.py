@@ -14,7 +14,7 @@ from softeval.models import LoadedModel, free_hub_weights
 from softeval.study.evaluation import cell_identity, evaluate, identity_difference, model_facts, rejudge
 from softeval.study.folders import CellReport, cell_folder, finished_identity, tuned_folder
 from softeval.study.locks import claimed
-from softeval.study.settings import Study
+from softeval.study.settings import Settings
 from softeval.tasks import TaskSpec
 from softeval.tuning import (
     TUNED,
@@ -38,11 +38,12 @@ log = logging.getLogger("softeval")
 
 
 def run_unit(
-    lm: LoadedModel, spec: TaskSpec, study: Study, *, role: str | None = None, output: Path, soft: SoftPrompt | None, data_dir,
-    force: bool, progress: bool = True, tell_failures: bool = True,
+    lm: LoadedModel, spec: TaskSpec, study: Settings, *, role: str | None = None, output: Path, soft: SoftPrompt | None, data_dir,
+    force: bool, progress: bool = True, tell_failures: bool = True, warm_from: str | None = None,
 ) -> list[CellReport]:
     """Every method and chat mode of one model on one task. A cell that fails is reported (and
-    logged as it fails, with `tell_failures`) and the others go on."""
+    logged as it fails, with `tell_failures`) and the others go on. `warm_from` names the
+    checkpoint (in `output`) whose tuned prompt a soft prompt starts from (a warm start)."""
     reports = []
     for chat in chat_modes(lm, study, role):
         for method in study.methods:
@@ -53,7 +54,7 @@ def run_unit(
             folder = cell_folder(output, lm.name, spec.name, method, chat)
             try:
                 reports.append(_run_cell(lm, spec, study, method, chat, folder, role=role, output=output, soft=soft, data_dir=data_dir,
-                                         force=force, progress=progress))
+                                         force=force, progress=progress, warm_from=warm_from))
             except SoftevalError as exc:
                 if tell_failures:
                     log.error("%s failed: %s", folder, exc)
@@ -61,7 +62,7 @@ def run_unit(
     return reports
 
 
-def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
+def chat_modes(lm: LoadedModel, study: Settings, role: str | None) -> list[bool]:
     """Plain, and with `chat` also the chat template for post-trained models: a model declared
     `base` runs plain even where its tokenizer ships a chat template."""
     if not study.chat:
@@ -73,21 +74,22 @@ def chat_modes(lm: LoadedModel, study: Study, role: str | None) -> list[bool]:
     return [False, True]
 
 
-def _run_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, output: Path, **options) -> CellReport:
+def _run_cell(lm, spec, study: Settings, method: str, chat: bool, folder: Path, *, output: Path, **options) -> CellReport:
     """A cell, claimed for as long as it is computed: a second command that shares the output
     folder waits, then finds it finished (see `locks.py`)."""
     with claimed(output, folder):
         return _compute_cell(lm, spec, study, method, chat, folder, output=output, **options)
 
 
-def _compute_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress) -> CellReport:
+def _compute_cell(lm, spec, study: Settings, method: str, chat: bool, folder: Path, *, role, output, soft, data_dir, force, progress,
+                  warm_from: str | None) -> CellReport:
     tuned = None
     if method in TUNED:
         if method == "soft-prompt" and soft is not None:
             tuned = soft
         else:
             place = tuned_folder(output, lm.name, spec.name, method, chat)
-            start = _warm_start(study, output, lm.name, spec.name, chat) if method == "soft-prompt" else None
+            start = _warm_start(warm_from, output, lm.name, spec.name, chat) if method == "soft-prompt" else None
             with claimed(output, place):
                 tuned = tuned_or_reused(lm, spec, study.tune_config(method, chat), place, data_dir=data_dir, sweep_grid=study.sweep,
                                         sweep_steps=study.sweep_steps, force=force, progress=progress, start=start)
@@ -116,9 +118,9 @@ def _compute_cell(lm, spec, study: Study, method: str, chat: bool, folder: Path,
     return CellReport(folder, "done")
 
 
-def _warm_start(study: Study, output: Path, name: str, task: str, chat: bool) -> tuple[str, SoftPrompt] | None:
-    """The previous checkpoint's tuned prompt (same series, task and mode) where the study warm-starts."""
-    previous = study.previous_checkpoint(name) if study.warm_start else None
+def _warm_start(previous: str | None, output: Path, name: str, task: str, chat: bool) -> tuple[str, SoftPrompt] | None:
+    """The tuned prompt of checkpoint `previous` (same task and mode) that `name`'s soft prompt
+    starts from, where it is warm-started (else None)."""
     if previous is None:
         return None
     folder = tuned_folder(output, previous, task, "soft-prompt", chat)

@@ -250,6 +250,7 @@ def tuning_record(tuned: SoftPrompt | Adapter) -> dict:
         "trainable_parameters": meta.get("trainable_parameters", n),
         "tuning_seconds": meta.get("tuning_seconds"),
         "steps": meta.get("steps"),
+        "stopped_early": meta.get("stopped_early"),  # adaptive tuning (patience): where it stopped
         "batch_size": meta.get("config", {}).get("batch_size"),  # the step's examples: the findings' budget of steps
         "engine_path": (meta.get("engine") or {}).get("path"),  # the path the tuning ran on
     }

@@ -74,7 +74,7 @@ def run_study(
     cells and tuning. `ray` runs each (model, task) unit as a Ray task: "local" starts a local
     cluster, anything else is the address of a running one."""
     output = Path(output)
-    specs = _distinct_tasks([load_task(t) for t in study.tasks])
+    specs = distinct_tasks([load_task(t) for t in study.tasks])
     tuning = "lora" in study.methods or ("soft-prompt" in study.methods and prompt is None)
     # every check that needs no model comes first: a mistake costs seconds, not a study
     check_before_work([m.model for m in study.models], specs, study.methods, k=study.k, tuning=tuning, outputs=[output], data_dir=data_dir,
@@ -109,7 +109,8 @@ def run_study(
                     log.error("%s", exc)
                 reports += [CellReport(output / model_name(entry.model) / spec.name, "failed", str(exc)) for spec in specs]
                 continue
-            done = [r for spec in specs for r in run_unit(lm, spec, study, role=entry.role, progress=progress, **run)]
+            warm_from = study.previous_checkpoint(lm.name) if study.warm_start else None
+            done = [r for spec in specs for r in run_unit(lm, spec, study, role=entry.role, progress=progress, warm_from=warm_from, **run)]
             reports += done
             if study.free_weights and all(r.status != "failed" for r in done):
                 free_evaluated_revision(done)
@@ -162,7 +163,7 @@ def _any_finished(reports: list[CellReport]) -> bool:
     return any(r.status != "failed" for r in reports)
 
 
-def _distinct_tasks(specs: list[TaskSpec]) -> list[TaskSpec]:
+def distinct_tasks(specs: list[TaskSpec]) -> list[TaskSpec]:
     """The tasks once each: one spec given twice (a name and its file, two spellings of a path)
     runs once; two different specs of one name would share a results folder, so are refused."""
     seen: dict[str, TaskSpec] = {}

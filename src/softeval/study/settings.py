@@ -119,16 +119,13 @@ RAY_RESOURCES = ("num_cpus", "num_gpus", "memory")
 STUDY_OWNED = {"method", "chat", "seed"} | {key for key in TuneConfig.model_fields if key.startswith("lora_")}
 
 
-class Study(BaseModel):
-    """A grid of cells and every setting its results depend on; a study file holds one."""
+class Settings(BaseModel):
+    """What every cell of a grid is evaluated with: the tasks and methods, the rows, the
+    demonstrations, the tuning and LoRA settings. A study adds its models and series
+    (`Study`); an evaluator inside a training loop adds when and how often it runs
+    (`softeval.loop.LoopSettings`)."""
 
     model_config = ConfigDict(extra="forbid")
-    models: list[ModelEntry] = []
-    series: list[SeriesEntry] = []  # pre-training recipes: their checkpoints join the models as base models
-    warm_start: bool = False  # tune each series checkpoint's soft prompt from the previous checkpoint's
-    # once every cell of a hub revision is finished, delete its weight files from the Hugging Face
-    # cache (many revisions fill a disk); its config and tokenizer stay, so a rerun skips its cells
-    free_weights: bool = False
     tasks: list[str] = Field(min_length=1)
     methods: list[str] = Field(["zero-shot", "few-shot", "soft-prompt"], min_length=1)
     chat: bool = False  # also run post-trained models with their chat template
@@ -140,11 +137,6 @@ class Study(BaseModel):
     lora: LoraSettings = LoraSettings()
     sweep: bool = False
     sweep_steps: int = Field(40, gt=0)
-    reference: Reference | None = None  # None: as the folder's last ranking, else the default
-    # a JSON file of each series checkpoint's known test facts (see softeval.testbed.truth):
-    # `softeval analyze` then says how well each method's scores order checkpoints by them
-    ground_truth: str | None = None
-    resources: dict[str, float] = {"num_cpus": 1}  # per (model, task) unit on Ray, e.g. num_gpus: 1
 
     @field_validator("methods")
     @classmethod
@@ -163,6 +155,39 @@ class Study(BaseModel):
             raise ValueError(f"'{misplaced[0]}' is not a tuning setting here; set chat and seed at the top level, methods under methods, LoRA under lora")
         return tuning
 
+    @model_validator(mode="after")
+    def _init_text_is_read(self) -> Settings:
+        if self.tuning.init_text is not None and self.tuning.init != "text" and not self.sweep:
+            raise ValueError("tuning.init_text is read by init: text only; set tuning.init: text (or sweep: true, which tries it) or drop init_text")
+        return self
+
+    def tune_config(self, method: str, chat: bool) -> TuneConfig:
+        """The tuning settings of one tuned cell."""
+        config = self.tuning.model_copy(update={"chat": chat, "seed": self.seed, "method": method})
+        if method == "lora":  # the soft prompt's own settings do not apply, so they cannot retune it
+            lora, defaults = self.lora, TuneConfig()
+            config = config.model_copy(update={
+                "lr": lora.lr, "lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_targets": lora.targets,
+                "length": defaults.length, "init": defaults.init, "init_text": defaults.init_text,
+            })
+        return config
+
+
+class Study(Settings):
+    """A grid of cells and every setting its results depend on; a study file holds one."""
+
+    models: list[ModelEntry] = []
+    series: list[SeriesEntry] = []  # pre-training recipes: their checkpoints join the models as base models
+    warm_start: bool = False  # tune each series checkpoint's soft prompt from the previous checkpoint's
+    # once every cell of a hub revision is finished, delete its weight files from the Hugging Face
+    # cache (many revisions fill a disk); its config and tokenizer stay, so a rerun skips its cells
+    free_weights: bool = False
+    reference: Reference | None = None  # None: as the folder's last ranking, else the default
+    # a JSON file of each series checkpoint's known test facts (see softeval.testbed.truth):
+    # `softeval analyze` then says how well each method's scores order checkpoints by them
+    ground_truth: str | None = None
+    resources: dict[str, float] = {"num_cpus": 1}  # per (model, task) unit on Ray, e.g. num_gpus: 1
+
     @field_validator("resources")
     @classmethod
     def _ray_resources(cls, resources: dict[str, float]) -> dict[str, float]:
@@ -170,12 +195,6 @@ class Study(BaseModel):
         if unknown:
             raise ValueError(f"unknown resource '{unknown[0]}'; use {', '.join(RAY_RESOURCES)}")
         return resources
-
-    @model_validator(mode="after")
-    def _init_text_is_read(self) -> Study:
-        if self.tuning.init_text is not None and self.tuning.init != "text" and not self.sweep:
-            raise ValueError("tuning.init_text is read by init: text only; set tuning.init: text (or sweep: true, which tries it) or drop init_text")
-        return self
 
     @field_validator("models")
     @classmethod
@@ -257,17 +276,6 @@ class Study(BaseModel):
         if roles and (self.reference or Reference()).chat and not self.chat:
             raise ValueError("the ranking's reference is the post-trained models' chat-template cells: set chat: true (or reference.chat: false)")
         return self
-
-    def tune_config(self, method: str, chat: bool) -> TuneConfig:
-        """The tuning settings of one tuned cell."""
-        config = self.tuning.model_copy(update={"chat": chat, "seed": self.seed, "method": method})
-        if method == "lora":  # the soft prompt's own settings do not apply, so they cannot retune it
-            lora, defaults = self.lora, TuneConfig()
-            config = config.model_copy(update={
-                "lr": lora.lr, "lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_targets": lora.targets,
-                "length": defaults.length, "init": defaults.init, "init_text": defaults.init_text,
-            })
-        return config
 
 
 def load_study(path: str | Path) -> Study:

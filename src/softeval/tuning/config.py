@@ -43,6 +43,9 @@ class TuneConfig(BaseModel):
     lora_rank: int = Field(8, gt=0)
     lora_alpha: int = Field(16, gt=0)
     lora_targets: list[str] | None = None  # None: the model's own projections (see lora.default_targets)
+    # opt-in adaptive tuning: stop once validation format-following has not risen above its best
+    # for this many validations in a row (None: every step is run, as the method's protocol says)
+    patience: int | None = Field(None, gt=0)
 
 
 def check_tuning_rows(spec: TaskSpec, n_rows: int) -> None:

@@ -323,7 +323,8 @@ def tune(
     with Tuner(lm, spec, config, data_dir, start=start) as tuner:
         state = _train(tuner, output / "checkpoint.safetensors", resume, progress)
         summary = provenance(lm, spec, config, data_dir, produced or {"by": "tune"}) | {
-            "steps": config.steps,
+            "steps": state.step,  # fewer than config.steps where adaptive tuning stopped it
+            "stopped_early": stopped_early(state.curve, config),
             "final": {k: v for k, v in state.curve[-1].items() if k != "rows"},
             "trainable_parameters": tuner.n_trainable,
             # the whole run's tuning time, resumed parts (and sweep trials) included
@@ -372,6 +373,8 @@ def _train(tuner: Tuner, checkpoint: Path, resume: bool, progress: bool) -> RunS
         advance(state.step)
         losses: list[float] = []
         for step in range(state.step, config.steps):
+            if stalled(state.curve, config.patience):
+                break
             losses.append(tuner.step(step))
             state.step = step + 1
             if state.step % config.eval_every == 0 or state.step == config.steps:
@@ -387,6 +390,26 @@ def _train(tuner: Tuner, checkpoint: Path, resume: bool, progress: bool) -> RunS
                 tuner.save_checkpoint(checkpoint, state)
             advance(1)
     return state
+
+
+def stalled(curve: list[dict], patience: int | None) -> bool:
+    """Whether adaptive tuning stops here: validation format-following has not risen above its
+    best for the last `patience` validations (the untuned start counts as the first). Read off
+    the curve alone, so a resumed run stops where an uninterrupted one would."""
+    if patience is None or not curve:
+        return False
+    scores = [point["format_following"] for point in curve]
+    best = scores.index(max(scores))  # the first validation that reached the best
+    return len(scores) - 1 - best >= patience
+
+
+def stopped_early(curve: list[dict], config: TuneConfig) -> dict | None:
+    """Where and why adaptive tuning stopped a run before its steps, as the prompt records it."""
+    last = curve[-1]["step"] if curve else 0
+    if config.patience is None or last >= config.steps:
+        return None
+    best = max(curve, key=lambda point: point["format_following"])
+    return {"step": last, "patience": config.patience, "best_step": best["step"], "of_steps": config.steps}
 
 
 SWEEP_LRS = (0.003, 0.01, 0.03)
