@@ -369,3 +369,119 @@ def test_watch_records_a_checkpoint_that_fails_to_load_goes_on_and_resumes_after
     assert again.returncode == 0 and len(read_evaluations(tmp_path / "out")) == 3 and "evaluated 0 checkpoints" in again.stdout
     missing = cli("watch", tmp_path / "no-run", "--output", tmp_path / "out", "--task", task)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: run folder not found:")
+
+
+# --- Lightning -----------------------------------------------------------------------------------
+
+
+def lightning_run(tokenizer, callback=None) -> dict:
+    lightning = pytest.importorskip("lightning")
+
+    class Module(lightning.LightningModule):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, _index):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    lightning.seed_everything(0, verbose=False)
+    module = Module(fresh_model(tokenizer))
+    trainer = lightning.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, callbacks=[callback] if callback else [])
+    trainer.fit(module, torch.utils.data.DataLoader(Rows(16), batch_size=2, shuffle=True))
+    return {k: v.clone() for k, v in module.model.state_dict().items()}
+
+
+def test_the_lightning_callback_evaluates_every_n_steps_and_leaves_training_the_same(tokenizer, task, tmp_path):
+    from softeval import SoftevalLightningCallback
+
+    alone = lightning_run(tokenizer)
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="lit", methods=["zero-shot"], **SETTINGS)
+    callback = SoftevalLightningCallback(evaluator, tokenizer, every=2, tokens_per_step=24)
+    assert bitwise_equal(alone, lightning_run(tokenizer, callback))
+    assert [(p["step"], p["tokens"]) for p in read_series(tmp_path / "out")["lit"]["checkpoints"]] == [(2, 48), (4, 96)]
+
+
+# --- fast and full sets, adaptive tuning ------------------------------------------------------------
+
+
+def test_a_fast_set_runs_at_every_call_and_the_full_set_every_nth_into_folders_of_their_own(tokenizer, task, tmp_path):
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="base", methods=["zero-shot", "soft-prompt"], fast={"limit": 4, "steps": 1},
+                       full_every=2, **SETTINGS)
+    model = fresh_model(tokenizer)
+    for step in (1, 2, 3):
+        evaluator.evaluate(model, tokenizer, step=step)
+    evaluator.evaluate(model, tokenizer, step=4, full=True)  # e.g. at the last step
+    full = read_series(tmp_path / "out")["base"]["checkpoints"]
+    fast = read_series(tmp_path / "out" / "fast")["base"]["checkpoints"]
+    assert [p["step"] for p in full] == [1, 3, 4] and [p["step"] for p in fast] == [1, 2, 3, 4]
+    assert {len(c.samples) for c in finished_cells(tmp_path / "out")} == {12} and {len(c.samples) for c in finished_cells(tmp_path / "out" / "fast")} == {4}
+    # the fast set's first prompt tunes the full steps; later ones one step from the step before's
+    tuned = {c.config["model"]: c.tuning["steps"] for c in finished_cells(tmp_path / "out" / "fast") if c.tuning}
+    assert tuned == {"base@step-1": TUNING["steps"], "base@step-2": 1, "base@step-3": 1, "base@step-4": 1}
+
+
+def test_adaptive_tuning_stops_once_format_following_stalls_and_says_so_beside_the_score(tokenizer, task, tmp_path):
+    from softeval.reports.comparison import cost
+    from softeval.tuning.tuner import stalled
+
+    assert not stalled([{"format_following": 0.1}, {"format_following": 0.3}], 1)
+    assert stalled([{"format_following": 0.3}, {"format_following": 0.3}], 1)  # not above its best
+    assert not stalled([{"format_following": 0.3}, {"format_following": 0.2}, {"format_following": 0.4}], 2)
+    assert stalled([{"format_following": 0.3}, {"format_following": 0.2}, {"format_following": 0.3}], 2)
+    assert not stalled([{"format_following": 0.0}] * 9, None)  # the fixed-steps protocol unless asked
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="base", methods=["soft-prompt"], k=2, limit=12,
+                       tuning=TUNING | {"steps": 8, "eval_every": 2, "patience": 1})
+    evaluator.evaluate(fresh_model(tokenizer), tokenizer, step=1)
+    (cell,) = finished_cells(tmp_path / "out")
+    curve = json.loads((tmp_path / "out" / "base@step-1" / "capitals" / "prompt" / "curve.json").read_text())
+    # a random tiny model never keeps the format: no validation rises above the untuned start
+    assert [p["format_following"] for p in curve] == [0.0, 0.0]
+    assert cell.tuning["steps"] == 2 and cell.tuning["stopped_early"] == {"step": 2, "patience": 1, "best_step": 0, "of_steps": 8}
+    assert "stopped at step 2 of 8 (patience 1)" in cost(cell)
+
+
+# --- trackers at the training step -------------------------------------------------------------------
+
+
+def test_trackers_log_each_checkpoint_at_its_training_step_into_the_trainings_own_run(tokenizer, task, tmp_path, monkeypatch):
+    import mlflow
+    import wandb
+    from mlflow.tracking import MlflowClient
+
+    from test_trackers import tracker_env, wandb_run
+
+    uri = tracker_env(monkeypatch, tmp_path)
+    model = fresh_model(tokenizer)
+    # softeval's own runs, where training has none
+    evaluator = InLoop([str(task)], output=tmp_path / "own", recipe="own", methods=["zero-shot"], wandb="project", mlflow=uri, **SETTINGS)
+    for step in (10, 20):
+        evaluator.evaluate(model, tokenizer, step=step, tokens=step * 100)
+    evaluator.close()
+    logged = [row for row in wandb_run(tmp_path / "wandb_dir")["history"] if "softeval/step" in row]
+    assert [(row["softeval/step"], row["softeval/tokens"]) for row in logged] == [(10, 1000.0), (20, 2000.0)]
+    accuracy = [c.metrics["task_accuracy"].value for c in finished_cells(tmp_path / "own")]
+    assert [row["softeval/capitals/zero-shot/task_accuracy"] for row in logged] == accuracy
+    assert all(row["softeval/cost/seconds"] > 0 and row["softeval/cost/flops"] > 0 for row in logged)
+    client = MlflowClient(tracking_uri=uri)
+    (own,) = client.search_runs([client.get_experiment_by_name("softeval").experiment_id])
+    history = client.get_metric_history(own.info.run_id, "softeval/capitals/zero-shot/task_accuracy")
+    assert sorted((m.step, m.value) for m in history) == list(zip((10, 20), accuracy)) and own.info.status == "FINISHED"
+    # the training's own runs, where it has them (transformers' Trainer opens them so)
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(run_name="training") as training_run:
+        run = wandb.init(project="training", name="training")
+        run.log({"train/loss": 1.0})
+        evaluator = InLoop([str(task)], output=tmp_path / "theirs", recipe="theirs", methods=["zero-shot"], wandb="project", mlflow=uri, **SETTINGS)
+        evaluator.evaluate(model, tokenizer, step=30)
+        evaluator.close()
+        assert wandb.run is run  # left to the training to finish
+        run.finish()
+    assert len(list((tmp_path / "wandb_dir").glob("wandb/offline-run-*"))) == 2  # softeval's own, then the training's: none more
+    theirs = client.get_metric_history(training_run.info.run_id, "softeval/capitals/zero-shot/task_accuracy")
+    assert [m.step for m in theirs] == [30]
+    assert len(client.search_runs([client.get_experiment_by_name("softeval").experiment_id])) == 1

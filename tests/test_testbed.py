@@ -98,7 +98,17 @@ def test_the_small_testbed_holds_its_design(testbed, mirror, tmp_path):
     assert (tmp_path / "seed1" / "tasks" / "test.jsonl").read_text() != (folder / "tasks" / "test.jsonl").read_text()
 
 
-def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_knowledge(testbed, tmp_path):
+@pytest.fixture(scope="module")
+def studied(testbed, tmp_path_factory):
+    """The testbed's study, run on its saved checkpoints and references."""
+    folder, _ = testbed
+    out = tmp_path_factory.mktemp("studied") / "out"
+    result = runner.invoke(app, ["study", str(folder / "study.yaml"), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_knowledge(testbed, studied):
     import yaml
 
     from softeval.analysis import finished_cells
@@ -108,9 +118,7 @@ def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_k
     study = yaml.safe_load((folder / "study.yaml").read_text())
     assert len(study["series"]) == 6 and all(s["reference"] for s in study["series"])
     assert study["methods"] == ["zero-shot", "few-shot", "soft-prompt", "lora"]
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["study", str(folder / "study.yaml"), "--output", str(out)])
-    assert result.exit_code == 0, result.output
+    out = studied
 
     findings = json.loads((out / "comparison.json").read_text())["findings"]
     claims = {f["claim"] for f in findings}
@@ -133,3 +141,31 @@ def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_k
         expected = kendalltau(scores, list(found["known"].values())).statistic
         assert found["agreement"]["soft-prompt"]["knowledge"]["value"] == pytest.approx(expected)
     assert "true knowledge" in (out / "analysis.md").read_text()
+
+
+def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of_their_checkpoints(testbed, studied, mirror, tmp_path):
+    """`softeval testbed --recipes base,short --in-loop OUT`: the two recipes train to the same
+    checkpoints, byte for byte, as in the whole testbed built without evaluations, and every cell
+    evaluated inside their loop (and of their references afterwards) equals the study's of the
+    saved models; the folder's analysis orders them by their references, as the study's does."""
+    from softeval.analysis import finished_cells
+    from softeval.analysis.comparisons import cell_key
+
+    folder, _ = testbed
+    live = tmp_path / "live"
+    result = runner.invoke(app, ["testbed", str(tmp_path / "bed"), "--recipes", "base,short", "--in-loop", str(live), "--data-dir", str(mirror)])
+    assert result.exit_code == 0, result.output
+    assert "# softeval series analysis" in result.output and "Recipes: base (5 checkpoints), short (5 checkpoints)" in result.output
+    for recipe in ("base", "short"):
+        for saved in sorted((folder / "runs" / recipe).glob("checkpoint-*/model.safetensors")):
+            assert (tmp_path / "bed" / saved.relative_to(folder)).read_bytes() == saved.read_bytes()
+    study = {cell_key(c): c for c in finished_cells(studied)}
+    cells = finished_cells(live)
+    assert len(cells) == 2 * 5 * 2 * 4 + 2 * 2 * 2  # checkpoints x tasks x methods, and the references plain and chat
+    for cell in cells:
+        model, task, method, chat = cell_key(cell)
+        posthoc = study[(model.replace("@step-", "@checkpoint-"), task, method, chat)]  # base@step-100 is base@checkpoint-100
+        assert [s.completion for s in cell.samples] == [s.completion for s in posthoc.samples], cell_key(cell)
+        assert cell.metrics == posthoc.metrics
+    analysis = json.loads((live / "analysis.json").read_text())
+    assert analysis["target"]["kind"] == "reference" and analysis["tasks"]["world_qa"]["truth"]["checkpoints"] == 10

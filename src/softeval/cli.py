@@ -394,6 +394,8 @@ def testbed_command(
     folder: Annotated[Path, typer.Argument(help="Where the testbed goes: world, tasks, checkpoints, references, ground truth, study.yaml.")],
     seed: Annotated[int, typer.Option(min=0, help="Seeds the world, the data and every model's training.")] = 0,
     size: Annotated[str, typer.Option(help="small (the test suite's) or full (make testbed).")] = "small",
+    recipes: Annotated[str | None, typer.Option(help="Only these recipes, comma-separated (each trained as in the whole testbed).")] = None,
+    in_loop: Annotated[Path | None, typer.Option(help="Also evaluate each recipe's checkpoints from inside its pre-training loop, into this folder.")] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Build a pre-training testbed where the truth is known: recipes of tiny models that know a
@@ -402,11 +404,21 @@ def testbed_command(
     from softeval.testbed import build_testbed, describe
 
     check_output(folder, "FOLDER")
-    design = build_testbed(folder, seed=seed, size=size, data_dir=resolve_data_dir(data_dir))
+    if in_loop is not None:
+        check_output(in_loop, "--in-loop")
+    chosen = _split([recipes]) if recipes is not None else None
+    design = build_testbed(folder, seed=seed, size=size, data_dir=resolve_data_dir(data_dir), recipes=chosen, in_loop=in_loop)
     for line in describe(design):
         stdout.print(line, highlight=False, markup=False)
     stdout.print(f"built in {design['seconds']:.0f} s; wrote {folder / 'study.yaml'}; run it with: softeval study {folder / 'study.yaml'} --output OUT",
                  highlight=False)
+    if in_loop is not None and (in_loop / "analysis.md").is_file():  # what the checkpoints evaluated in the loop decide
+        stdout.print((in_loop / "analysis.md").read_text(encoding="utf-8"), highlight=False, markup=False)
+        print_analysis_files(in_loop)
+    if in_loop is not None:
+        from softeval.reports import PAGE
+
+        stdout.print(f"in-loop evaluations: {in_loop / 'evaluations.jsonl'}; report: {in_loop / PAGE}", highlight=False)
 
 
 @app.command("watch")

@@ -82,6 +82,19 @@ def file_checkpoint(output: Path, recipe: str, point: dict, settings: dict, sour
         write_json_atomic(models_path, models)
 
 
+def file_reference(output: Path, recipe: str, reference: dict) -> None:
+    """Name a recipe's post-trained model (`reference`: its model name in the folder, and the
+    method and chat mode its cells were evaluated with): the analysis then orders the recipes by
+    it, as a study's series with a reference."""
+    output = Path(output)
+    with claimed(output, output / SERIES_FILE):
+        known = read_series_file(output)
+        if recipe not in known:
+            raise SoftevalError(f"{output} holds no series '{recipe}' yet; evaluate its checkpoints before naming its reference")
+        known[recipe]["reference"] = reference
+        write_json_atomic(output / SERIES_FILE, known)
+
+
 def record_evaluation(output: Path, record: dict) -> None:
     """One line of OUTPUT/evaluations.jsonl: a checkpoint's evaluation, its cells and its cost."""
     path = Path(output) / EVALUATIONS_FILE

@@ -152,11 +152,17 @@ class Watcher:
         return None, waiting or f"waiting for a new checkpoint in {run}"
 
     def _finished(self) -> bool:
-        """Every run has a checkpoint at or beyond --until-step evaluated (or failed)."""
+        """Every run has reached --until-step (a checkpoint at or past it), and each of its
+        checkpoints up to it is evaluated (or failed)."""
         if self.until_step is None:
             return False
-        return all(any(step >= self.until_step and self.state.done(folder, files_stamp(folder)) for folder, step in checkpoint_folders(run))
-                   for run in self.runs)
+        for run in self.runs:
+            found = checkpoint_folders(run)
+            if not any(step >= self.until_step for _, step in found):
+                return False
+            if not all(self.state.done(folder, files_stamp(folder)) for folder, step in found if step <= self.until_step):
+                return False
+        return True
 
     # --- one checkpoint ------------------------------------------------------------------------
 

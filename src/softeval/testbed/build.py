@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -67,39 +67,98 @@ SIZES = {
 DESIGN = {"best_knows": 0.6, "worst_knows": 0.4, "base_zero_shot_format": 0.5, "reference_format": 0.9}
 
 
-def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir: Path | None = None) -> dict:
-    """Build everything in `folder` and return the design check; a step whose files exist is kept."""
+def build_testbed(folder: Path, *, seed: int = 0, size: str = "small", data_dir: Path | None = None, recipes: list[str] | None = None,
+                  in_loop: Path | None = None) -> dict:
+    """Build everything in `folder` and return the design check; a step whose files exist is kept.
+    `recipes` names a subset of the size's recipes (the world, tokenizer and each recipe's
+    training are the same as in the whole testbed). With `in_loop`, each recipe's checkpoints are
+    also evaluated from inside its pre-training loop (`softeval.InLoop`, the study's settings)
+    into that folder, with their ground truth."""
     if size not in SIZES:
         raise SoftevalError(f"--size: unknown size '{size}'; choose one of: {', '.join(SIZES)}")
     settings = SIZES[size]
     folder = Path(folder).resolve()
+    # the tokenizer is trained on the filler prose too wherever the size has a filler recipe, so
+    # a subset of the recipes trains each one exactly as the whole testbed does
     needs_filler = any(r.filler for r in settings.recipes)
     if needs_filler and data_dir is None:
         raise SoftevalError("the 'filler' recipe mixes in prose from the benchmark mirror; give --data-dir (the mirror's folder)")
+    if recipes is not None:
+        known = [r.name for r in settings.recipes]
+        unknown = next((name for name in recipes if name not in known), None)
+        if unknown is not None or not recipes:
+            raise SoftevalError(f"--recipes: unknown recipe '{unknown}'; choose among: {', '.join(known)}")
+        settings = replace(settings, recipes=tuple(r for r in settings.recipes if r.name in recipes))
     with quiet_weight_loading():  # dozens of tiny models are saved and loaded: no bar for each
-        return _build(folder, settings, seed, data_dir, needs_filler)
+        return _build(folder, settings, seed, data_dir, needs_filler, None if in_loop is None else Path(in_loop).resolve())
 
 
-def _build(folder: Path, settings: Size, seed: int, data_dir: Path | None, needs_filler: bool) -> dict:
+def _build(folder: Path, settings: Size, seed: int, data_dir: Path | None, needs_filler: bool, in_loop: Path | None) -> dict:
     started = time.perf_counter()
     world = make_world(seed, settings.people, settings.splits)
     filler = filler_passages(data_dir) if needs_filler else []
     tokenizer = train_tokenizer(world, filler, settings.vocab)
     tasks = write_tasks(world, folder / "tasks")
     runs, references = folder / "runs", {}
+    plan = study(settings, runs, {r.name: folder / "references" / f"{r.name}-chat" for r in settings.recipes}, tasks, folder / "ground_truth.json", seed)
     for recipe in settings.recipes:
         log.info("pre-training recipe %s (%d steps)", recipe.name, recipe.steps)
-        checkpoints = pretrain(recipe, world, tokenizer, filler, runs, seed)
+        evaluate = None if in_loop is None else in_loop_evaluation(plan, recipe.name, in_loop, tokenizer)
+        checkpoints = pretrain(recipe, world, tokenizer, filler, runs, seed, evaluate=evaluate)
         log.info("post-training %s into its reference", checkpoints[-1])
         references[recipe.name] = posttrain(checkpoints[-1], world, tokenizer, list(tasks.values()), folder / "references" / f"{recipe.name}-chat",
                                             settings.post_steps, seed)
+        if in_loop is not None:
+            evaluate_reference(plan, recipe.name, references[recipe.name], in_loop)
     truth = ground_truth(world, settings, runs, references)
     write_json_atomic(folder / "ground_truth.json", truth)
+    if in_loop is not None:
+        file_in_loop_truth(truth, settings, in_loop)
     design = design_check(truth, settings, runs, references, tasks["world_qa"])
     write_json_atomic(folder / "design.json", design)
-    write_text_atomic(folder / "study.yaml", yaml.safe_dump(study(settings, runs, references, tasks, folder / "ground_truth.json", seed), sort_keys=False))
+    write_text_atomic(folder / "study.yaml", yaml.safe_dump(plan, sort_keys=False))
     design["seconds"] = round(time.perf_counter() - started, 1)
     return design
+
+
+def in_loop_evaluation(plan: dict, recipe: str, output: Path, tokenizer):
+    """What pre-training calls at each checkpoint: an `InLoop` evaluation of the live model with
+    the study's settings (its base-model cells: the references are post-trained afterwards)."""
+    from softeval.loop import InLoop
+
+    settings = {key: plan[key] for key in ("methods", "k", "limit", "seed", "tuning")}
+    # as the study evaluates the saved checkpoints: each prompt tuned from its own start
+    evaluator = InLoop(plan["tasks"], output=output, recipe=recipe, tokenizer=tokenizer, warm_start=False, tokens_per_step=BATCH * LENGTH,
+                       **settings)
+    return lambda model, step: evaluator.evaluate(model, tokenizer, step=step)
+
+
+def evaluate_reference(plan: dict, recipe: str, reference: Path, output: Path) -> None:
+    """A recipe's post-trained reference, evaluated into the in-loop folder as the study evaluates
+    it, and named as its series' reference: the analysis orders the recipes by it."""
+    from softeval.loop.filing import file_reference
+    from softeval.models import model_name
+    from softeval.study import Study, run_study
+
+    evaluated = plan["reference"]
+    study = Study(models=[{"model": str(reference), "role": "post-trained"}], methods=[evaluated["method"]], chat=evaluated["chat"],
+                  **{key: plan[key] for key in ("tasks", "k", "limit", "seed", "tuning")})
+    run_study(study, output=output, progress=False)
+    file_reference(output, recipe, {"model": model_name(str(reference)), "method": evaluated["method"], "chat": evaluated["chat"]})
+
+
+def file_in_loop_truth(truth: dict, settings: Size, output: Path) -> None:
+    """The ground truth of the checkpoints evaluated in the loop, by their names there
+    (`recipe@step-N`), and the folder's reports refreshed with it."""
+    from softeval.loop.filing import refresh_reports
+    from softeval.models import model_name
+
+    renamed = {}
+    for recipe in settings.recipes:
+        for step in recipe.checkpoint_steps:
+            renamed[f"{recipe.name}@step-{step}"] = truth["models"][model_name(str(Path("runs") / recipe.name / f"checkpoint-{step}"))]
+    write_json_atomic(output / "ground_truth.json", truth | {"models": renamed})
+    refresh_reports(output)
 
 
 def ground_truth(world, settings: Size, runs: Path, references: dict[str, Path]) -> dict:

@@ -68,11 +68,12 @@ def token_stream(tokenizer, texts, n_tokens: int) -> torch.Tensor:
     return torch.tensor(ids[:n_tokens])
 
 
-def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: Path, seed: int) -> list[Path]:
+def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: Path, seed: int, evaluate=None) -> list[Path]:
     """Train the recipe's model from scratch, saving a checkpoint at each of its checkpoint steps;
-    returns the checkpoint folders. A folder saved earlier (same seed and recipe) is kept."""
+    returns the checkpoint folders. A folder saved earlier (same seed and recipe) is kept, unless
+    `evaluate(model, step)` is to be called at each checkpoint (evaluation in the loop)."""
     folders = [runs / recipe.name / f"checkpoint-{step}" for step in recipe.checkpoint_steps]
-    if all((f / "model.safetensors").is_file() for f in folders):
+    if evaluate is None and all((f / "model.safetensors").is_file() for f in folders):
         return folders
     stream = token_stream(tokenizer, documents(world, recipe.templates, filler, recipe.filler, seed), recipe.steps * BATCH * LENGTH)
     batches = stream.view(recipe.steps, BATCH, LENGTH)
@@ -87,6 +88,8 @@ def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: P
         optimizer.zero_grad()
         if step in recipe.checkpoint_steps:
             _save(model, tokenizer, runs / recipe.name / f"checkpoint-{step}", chat=False)
+            if evaluate is not None:
+                evaluate(model, step)
     return folders
 
 
