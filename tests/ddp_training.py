@@ -5,7 +5,8 @@ a tiny llama trained with DistributedDataParallel, evaluated by `softeval.InLoop
 
 SCENARIO "spread": the model is trained twice, without and with evaluations; each rank writes
 whether its final weights are bitwise the same, and what its evaluations did.
-SCENARIO "faults": rank 1's share fails at step 2 and outlasts rank 0's timeout at step 4.
+SCENARIO "faults": rank 1's share fails at step 2 and outlasts rank 0's timeout at step 4; then a
+model sharded with FSDP2 is given to the evaluator.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ def train(tokenizer, evaluate=None) -> dict:
     return {k: v.clone() for k, v in model.module.state_dict().items()}
 
 
+def refusal(evaluator, tokenizer) -> str | None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from softeval.errors import SoftevalError
+
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer), tokenizer))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    try:
+        evaluator.check_model(model, tokenizer)
+    except SoftevalError as exc:
+        return str(exc)
+    return None
+
+
 def main(tokenizer_dir: str, task: str, output: str, scenario: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -75,6 +91,8 @@ def main(tokenizer_dir: str, task: str, output: str, scenario: str) -> None:
         train(tokenizer, evaluate)
         same = None
     record = {"same_weights": same, "evaluations": [{"cells": [[str(c.folder), c.status] for c in e.cells], "failures": e.failures} for e in done]}
+    if scenario == "faults":  # a model sharded with FSDP2 is refused in one line
+        record["sharded"] = refusal(evaluator, tokenizer)
     Path(output, f"rank-{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()

@@ -305,6 +305,8 @@ def test_a_rank_that_fails_or_lags_is_reported_and_no_rank_hangs(tokenizer_dirs,
     assert ranks[1]["evaluations"][0]["failures"] == ["ddp@step-2: RuntimeError: out of memory on rank 1"]
     # the lagging rank's cells land after all, and the folder's next refresh reads them
     assert (tmp_path / "out" / "ddp@step-4" / "capitals" / "few-shot" / "results.json").is_file()
+    # a model sharded over the ranks (FSDP2) is refused before training, in one line
+    assert all(rank["sharded"].startswith("InLoop: FSDPLlamaForCausalLM is sharded (FSDP)") and "\n" not in rank["sharded"] for rank in ranks)
 
 
 # --- softeval watch --------------------------------------------------------------------------------

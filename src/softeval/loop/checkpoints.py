@@ -106,8 +106,10 @@ class CheckpointEvaluator:
         return folders
 
     def filed_settings(self, settings: Settings, folder: Path) -> dict:
-        """What a series records of the settings its cells were evaluated with."""
+        """What a series records of the settings its cells were evaluated with: each task by its
+        name and spec (however its path was written; an edited spec is another setting)."""
         recorded = settings.model_dump(mode="json")
+        recorded["tasks"] = {self.specs[task].name: self.specs[task].sha256() for task in settings.tasks}
         if folder != self.output and self.settings.fast is not None:
             recorded["fast_steps"] = self.settings.fast.steps
         return recorded

@@ -74,8 +74,7 @@ class WatchState:
 class Candidate:
     folder: Path
     step: int
-    stamp: list
-    first_seen: float  # when these files were first seen as they are now (monotonic seconds)
+    stamp: list  # its files as they were when it was found complete (see files_stamp)
 
 
 class Watcher:
@@ -99,7 +98,6 @@ class Watcher:
         for recipe in self.recipes.values():
             self.checkpoints.check_recipe(recipe)
         self.state = WatchState.load(self.output)
-        self._seen: dict[Path, Candidate] = {}
         self.evaluations: list[Evaluation] = []
 
     def run(self, *, poll: float = 30.0, once: bool = False, stop: threading.Event | None = None) -> list[Evaluation]:
@@ -131,23 +129,21 @@ class Watcher:
         """The run's first checkpoint in step order that is not evaluated yet, if it is complete,
         else what the run waits for. An unfinished checkpoint holds the later ones back until its
         files have not changed for a long while (a save that was abandoned)."""
-        now, waiting = time.monotonic(), None
+        waiting = None
         for folder, step in checkpoint_folders(run):
             if self.until_step is not None and step > self.until_step:
                 break
             stamp = files_stamp(folder)
             if self.state.done(folder, stamp):
                 continue
-            seen = self._seen.get(folder)
-            if seen is None or seen.stamp != stamp:
-                seen = self._seen[folder] = Candidate(folder, step, stamp, now)
+            still = time.time() - max((mtime for _, _, mtime in stamp), default=0) / 1e9  # seconds since a file last changed
             reason = incomplete_reason(folder)
-            if reason is None and not (folder / TRAINER_MARKER).is_file() and now - seen.first_seen < self.settle:
+            if reason is None and not (folder / TRAINER_MARKER).is_file() and still < self.settle:
                 reason = f"its files have not been still for {self.settle:g} s yet"
             if reason is None:
-                return seen, ""
+                return Candidate(folder, step, stamp), ""
             waiting = waiting or f"waiting for {folder} ({reason})"
-            if now - seen.first_seen < STALE_AFTER_S:
+            if still < STALE_AFTER_S:
                 break
         return None, waiting or f"waiting for a new checkpoint in {run}"
 
@@ -185,7 +181,6 @@ class Watcher:
             if folder.is_dir():
                 console.print(f"softeval watch: {folder} changed while it was evaluated; evaluating it again once its files settle",
                               highlight=False, markup=False)
-                self._seen.pop(folder, None)
                 return
             failure = failure or "its folder was deleted while it was evaluated"
         if failure is not None:
