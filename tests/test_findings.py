@@ -505,6 +505,22 @@ def test_an_unused_chat_template_is_flagged_except_for_a_declared_base_model(tmp
     assert (declared.config["role"], declared.config["role_from"]) == ("base", "study")
 
 
+def test_a_study_that_runs_the_chat_template_too_is_not_told_to_run_it(tmp_path, tiny_model_dirs, caplog):
+    """Advice fits the command: the plain cell of a model whose chat-template cell the same study
+    evaluates is not flagged, nor its emptiness hinted, with '--chat runs it'."""
+    from conftest import ROWS, write_user_task
+    from softeval import Study, run_study
+    from softeval.analysis import finished_cells
+
+    task = write_user_task(tmp_path, ROWS)
+    run_study(Study(models=[{"model": str(tiny_model_dirs["llama"])}], tasks=[str(task)], methods=["zero-shot"], chat=True),
+              output=tmp_path / "out", progress=False)
+    plain, chat = finished_cells(tmp_path / "out")
+    assert (plain.config["chat"], chat.config["chat"]) == (False, True)
+    assert not plain.diagnostics.chat_template_unused and not any("--chat" in flag for flag in plain.diagnostics.flags)
+    assert not [r for r in caplog.records if "--chat runs it" in r.getMessage()]
+
+
 def test_a_short_answer_cell_records_its_word_rule(tmp_path, tiny_model_dirs):
     answers = ["Paris", "Rome", "New Delhi", "Buenos Aires", "Berlin", "Salt Lake City"]
     rows = [{"q": f"Capital number {i}?", "a": answers[i % len(answers)], "also": [answers[i % len(answers)].lower()]} for i in range(30)]

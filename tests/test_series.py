@@ -344,7 +344,7 @@ def _write_cell(out, model: str, method: str, correct: list[int], knows: list[in
     config = {"model": model, "task": "quiz", "method": method, "chat": chat, "k": 0, "seed": 0}
     EvalResult(config=config, metrics=dict.fromkeys(METRICS, none), samples=samples,
                model={}, data={"spec_sha256": "s", "split": "test", "sha256": "d", "rows": len(samples)}, timings={},
-               n_truncated=0).save(out / model / "quiz" / (method + ("-chat" if chat else "")))
+               n_truncated=0).save(out)
 
 
 def _tied_folder(out):

@@ -23,7 +23,7 @@ from rich.text import Text
 # Only light modules here: `--help`, and a mistake in a command, are answered without importing
 # torch, transformers or scipy (seconds); the machinery is imported where it is used.
 from softeval.analysis import Reference
-from softeval.errors import SoftevalError
+from softeval.errors import CellsFailed, SoftevalError
 from softeval.models import ALIASES, cache_root, cached_models, prepare_alias
 from softeval.progress import console, stdout
 from softeval.study import LoraSettings, Study, cell_folder, check_before_work, check_output, load_study, run_study
@@ -241,8 +241,8 @@ def run_logged(study: Study, output: Path, wandb: str | None, mlflow: str | None
     except SoftevalError as exc:
         # the page is rewritten once the cells have run and some finished: only then is there a run to log
         if page.is_file() and page.stat().st_mtime_ns != before:
-            try:
-                log_to_trackers(output, wandb=wandb, mlflow=mlflow, failure=str(exc))
+            try:  # the tracker's run records why each cell failed
+                log_to_trackers(output, wandb=wandb, mlflow=mlflow, failure=exc.reasons() if isinstance(exc, CellsFailed) else str(exc))
             except SoftevalError as tracking:  # the study's error is the one that ends the command
                 log.error("%s", tracking)
         raise

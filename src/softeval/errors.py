@@ -13,6 +13,18 @@ class SoftevalError(Exception):
     """A user-facing error: the message names the problem and the fix, on one line."""
 
 
+class CellsFailed(SoftevalError):
+    """Cells of a command failed while the others went on, each told as it failed: the message
+    sums them up; `failures` holds each one's (folder, reason), for a tracker's record."""
+
+    def __init__(self, message: str, failures: list[tuple[str, str]]):
+        super().__init__(message)
+        self.failures = failures
+
+    def reasons(self) -> str:
+        return "; ".join(f"{folder}: {reason}" for folder, reason in self.failures)
+
+
 def validation_problem(exc: ValidationError, model: type[BaseModel]) -> str:
     """The first problem of a file validated as `model`, an unknown key before all else (a
     misspelt key also shows as the missing key it was meant to be), with the known key it is

@@ -60,12 +60,12 @@ def gold_columns(results: list[EvalResult]) -> list[str]:
 
 
 def gold_value(name: str, m: Metric | None) -> tuple[str, str]:
-    """A continuous metric as (value, interval) text: probabilities and shares in %, bits per byte
-    and log-probabilities as they are."""
+    """A continuous metric as (value, interval bounds "a, b") text: probabilities and shares in %,
+    bits per byte and log-probabilities as they are."""
     if m is None or m.value is None:
         return "n/a", ""
     scale, form = (1, "{:.3f}") if name in LOWER_IS_BETTER else (1, "{:.2f}") if name == "gold_logprob" else (100, "{:.1f}")
-    ci = f"{form.format(scale * m.ci_low)}-{form.format(scale * m.ci_high)}" if m.ci_low is not None and m.ci_high is not None else ""
+    ci = f"{form.format(scale * m.ci_low)}, {form.format(scale * m.ci_high)}" if m.ci_low is not None and m.ci_high is not None else ""
     return form.format(scale * m.value), ci
 
 
@@ -102,7 +102,8 @@ def metrics_table(results: list, title: str = "softeval results (%, 95% CI)", am
     """A terminal table of `results`, flagged as the folder's cells `among` which they sit."""
     table = Table(title=title)
     for header in ["model", "task", "method", "n", *(SHORT[m] for m in METRICS), "flags"]:
-        table.add_column(header, justify="left" if header in ("model", "task", "method", "flags") else "right")
+        # names wrap onto more lines rather than being cut: a long lm-eval task name stays whole
+        table.add_column(header, justify="left" if header in ("model", "task", "method", "flags") else "right", overflow="fold")
     for row in rows(results, among):
         table.add_row(*row)
     return table

@@ -173,15 +173,20 @@ def task_overview(task: str, results: list[EvalResult]) -> dict:
         "names": [GOLD_SHORT[n] for n in names],
         "meanings": [GOLD_MEANINGS[n] for n in names],
         "rows": [{"model": cell_key(r)[0], "method": cell_label(r.config),
-                  "values": [dict(zip(("value", "ci"), gold_value(n, r.metrics.get(n)))) for n in names]} for r in results],
+                  "values": [_gold(n, r.metrics.get(n)) for n in names]} for r in results],
     }
     return {"name": task, "rows": rows, "gold": gold if names else None, "chart": metric_chart(task, results, flagged)}
+
+
+def _gold(name: str, m) -> dict:
+    value, bounds = gold_value(name, m)
+    return {"value": value, "ci": f"[{bounds}]" if bounds else ""}
 
 
 def _metric(m) -> dict:
     if m.value is None:
         return {"value": "n/a", "ci": ""}
-    ci = f"{100 * m.ci_low:.1f}-{100 * m.ci_high:.1f}" if m.ci_low is not None and m.ci_high is not None else ""
+    ci = f"[{100 * m.ci_low:.1f}, {100 * m.ci_high:.1f}]" if m.ci_low is not None and m.ci_high is not None else ""
     return {"value": f"{100 * m.value:.1f}", "ci": ci}
 
 

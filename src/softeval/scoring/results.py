@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from softeval._io import write_json_atomic, write_jsonl_atomic
+from softeval.models import model_name
 from softeval.scoring.metrics import Diagnostics, Metric, Sample
 
 MODELS_FILE = "models.json"  # family and role (base, post-trained) of each model of the folder
@@ -74,9 +75,21 @@ class EvalResult:
             created=saved.get("created"),
         )
 
-    def save(self, folder: str | Path) -> Path:
-        """Write samples.jsonl then results.json, each atomically: a folder with results.json is complete."""
+    def save(self, output: str | Path) -> Path:
+        """Write the cell into an output folder, where `softeval report`, `analyze` and the
+        exports read it: OUTPUT/<model>/<task>/<method>[-chat]/; returns that folder. Cells of
+        other models, tasks or methods saved into the same output sit beside it."""
+        return self.write(cell_path(output, self.config))
+
+    def write(self, folder: str | Path) -> Path:
+        """Write samples.jsonl then results.json into `folder` itself, each atomically: a folder
+        with results.json is complete."""
         folder = Path(folder)
         write_jsonl_atomic(folder / "samples.jsonl", [s.model_dump() for s in self.samples])
         write_json_atomic(folder / "results.json", self.to_json())
         return folder
+
+
+def cell_path(output: str | Path, config: dict) -> Path:
+    """The folder of a cell in an output folder: <model>/<task>/<method>[-chat]."""
+    return Path(output) / model_name(config["model"]) / config["task"] / (config["method"] + ("-chat" if config.get("chat") else ""))

@@ -95,10 +95,12 @@ def _compute_cell(lm, spec, study: Settings, method: str, chat: bool, folder: Pa
                                         sweep_steps=study.sweep_steps, force=force, progress=progress, start=start)
     settings = dict(chat=chat, k=study.k, limit=study.limit, seed=study.seed, data_dir=data_dir)
     wanted = cell_identity(lm, spec, method, **settings, tuned=tuned)
+    # the model's chat-template cells run in this command too (see chat_modes)
+    chat_too = study.chat and (role or lm.role) != "base" and lm.post_trained
     finished = finished_identity(folder)
     if not force and finished == wanted:
         try:
-            changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed, facts=model_facts(lm, role))
+            changed = rejudge(folder, spec, data_dir=data_dir, limit=study.limit, seed=study.seed, facts=model_facts(lm, role), chat_too=chat_too)
         except SoftevalError as exc:  # its completions are lost: computing them again costs time, not trust
             log.warning("%s; evaluating it again", exc)
         else:
@@ -111,10 +113,10 @@ def _compute_cell(lm, spec, study: Settings, method: str, chat: bool, folder: Pa
         level = logging.DEBUG if tell_changed_weights(lm, finished.get("model")) else logging.WARNING
         log.log(level, "evaluating %s again; changed since it finished: %s", folder, identity_difference(finished, wanted))
     result = evaluate(
-        lm, spec, method, **settings, batch_size=study.batch_size, role=role, progress=progress,
+        lm, spec, method, **settings, batch_size=study.batch_size, role=role, chat_too=chat_too, progress=progress,
         soft_prompt=tuned if method == "soft-prompt" else None, adapter=tuned if method == "lora" else None,
     )
-    result.save(folder)
+    result.write(folder)
     return CellReport(folder, "done")
 
 

@@ -37,6 +37,7 @@ def evaluate(
     data_dir: str | Path | None = None,
     batch_size: int | None = None,  # the most rows of a batch; None: the engine's budgets decide
     role: str | None = None,  # "base" or "post-trained", as a study declares the model
+    chat_too: bool = False,  # the command evaluates this model's chat-template cell as well
     progress: bool = True,
 ) -> EvalResult:
     """Evaluate one (model, task, method) cell generatively, plus cloze loglikelihoods for
@@ -107,7 +108,9 @@ def evaluate(
     if spec.is_multiple_choice:  # how knowledge compared the options: per character (acc_norm) or summed (acc)
         config["cloze_normalization"] = spec.cloze_normalization
     tuned = soft_prompt or adapter
-    context = {"chat_template_unused": template_unused(facts, chat), "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
+    # a chat template is unused where no cell of the command runs it (advice fits the command's own settings)
+    unused = template_unused(facts, chat) and not chat_too
+    context = {"chat_template_unused": unused, "tuned_on_eval_rows": bool(tuned and tuned.metadata.get("eval_rows_in_tuning"))}
     metrics, diagnostics = scores(spec, examples, samples, seed, **context)
     if diagnostics.mostly_empty:
         hint = "; it has a chat template: --chat runs it with it" if diagnostics.chat_template_unused else ""
@@ -150,7 +153,7 @@ def _cloze_bytes_short(result: EvalResult, spec: TaskSpec, examples: list) -> bo
     return any(cloze_context_ends_in_space(spec, example) for example in examples)
 
 
-def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int, facts: dict | None = None) -> int | None:
+def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: int, facts: dict | None = None, chat_too: bool = False) -> int | None:
     """Judge a finished cell's completions again by this version's parsers, which may read them
     otherwise than the version that evaluated the cell, and rewrite the cell if anything it
     records changed: a reused cell is scored by the rules of the cells evaluated beside it.
@@ -176,7 +179,7 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
                                  raw=s.raw_completion)
         samples.append(s.model_copy(update=judgement.model_dump()))
     known = result.diagnostics  # what the samples cannot tell, as the cell recorded it
-    unused = template_unused(facts, bool(result.config.get("chat"))) if facts is not None else bool(known and known.chat_template_unused)
+    unused = template_unused(facts, bool(result.config.get("chat"))) and not chat_too if facts is not None else bool(known and known.chat_template_unused)
     context = {"chat_template_unused": unused, "tuned_on_eval_rows": bool(known and known.tuned_on_eval_rows)}
     metrics, diagnostics = scores(spec, [by_index[s.index] for s in samples], samples, result.config["seed"], **context)
     config = result.config | (facts or {})
@@ -193,7 +196,7 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     # plain cell that passed `_cloze_bytes_short`, or one without options
     counted = {} if spec.is_multiple_choice and result.config.get("chat") else {"cloze_bytes": CLOZE_BYTES}
     result.versions = result.versions | {"parsers": parsers_version()} | counted
-    result.save(folder)
+    result.write(folder)
     return changed
 
 

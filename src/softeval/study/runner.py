@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from softeval._io import write_json_atomic
-from softeval.errors import SoftevalError
+from softeval.errors import CellsFailed, SoftevalError
 from softeval.models import load_model, model_name
 from softeval.scoring import MODELS_FILE, SERIES_FILE, TRUTH_FILE
 from softeval.study.folders import CellReport, check_cell_folders
@@ -127,8 +127,11 @@ def run_study(
         write_page(output)
     failed = [r for r in reports if r.status == "failed"]
     if failed:
-        rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
         kept = "; the other cells finished and are kept by a rerun" if _any_finished(reports) else ""
+        if tell and ray is None:  # each failure was logged here as it happened: the last line sums them up, once
+            raise CellsFailed(f"{len(failed)} of {len(reports)} cells failed, each told above (the first: {failed[0].folder}){kept}",
+                              [(str(r.folder), r.message) for r in failed])
+        rest = f" (and {len(failed) - 1} more, listed above)" if len(failed) > 1 else ""
         raise SoftevalError(f"{failed[0].folder} failed: {failed[0].message}{rest}{kept}")
     return reports
 
