@@ -237,6 +237,7 @@ def test_ranking_findings(tmp_path, low, high, verdict):
     write_ranking(tmp_path, low, high)
     found = F._ranking_findings(tmp_path, {}, {})
     assert [(f.claim, f.verdict) for f in found] == [("ranking_vs_zero_shot", verdict), ("ranking_vs_few_shot", verdict)]
+    assert "against the post-trained models' zero-shot chat task_accuracy" in found[0].statistic
 
 
 def test_ranking_findings_on_flagged_cells_or_too_few_families(tmp_path):
@@ -569,11 +570,15 @@ def test_the_early_decision_finding_is_undetermined_on_a_flagged_target_and_coun
 
     def finding(target_flags: dict, flags: dict) -> F.Finding:
         found = {"rows": 8, "target_flags": target_flags, "predictors": {"budgets": [1, 2], "differences": [proxy]}}
-        (tmp_path / "analysis.json").write_text(json.dumps({"target": {"kind": "reference"}, "series": series, "tasks": {"quiz": found}}))
+        references = {name: {"model": f"{name}-ref", "method": "zero-shot", "chat": True} for name in series}
+        analysis = {"target": {"kind": "reference", "metric": "task_accuracy"}, "references": references, "series": series, "tasks": {"quiz": found}}
+        (tmp_path / "analysis.json").write_text(json.dumps(analysis))
         [only] = F._decision_findings(tmp_path, flags)
         return only
 
     assert finding({}, {}).verdict == "holds" and finding({}, {}).reason == "the interval against each of the 3 proxies lies above 0"
+    # the finding names what it decides against
+    assert finding({}, {}).statistic.startswith("decision accuracy against the references' zero-shot chat task_accuracy, averaged over 2 budgets")
     flagged = finding({"b-ref": ["at chance (25%)"]}, {})
     assert flagged.verdict == "undetermined" and flagged.reason == "the target's cells are flagged (b-ref: at chance (25%))"
     # the soft prompt's own checkpoints at chance or without strict answers are what it measures: counted, not undetermining

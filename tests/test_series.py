@@ -507,7 +507,7 @@ def test_agreement_with_true_knowledge_is_kendall_tau_b_over_checkpoints(tmp_pat
     assert "ground_truth.json has no entry for 1 checkpoint (b@step-2): the agreement with true knowledge is over the other 5." in found["notes"]
 
 
-def test_a_flagged_target_is_named_in_the_notes(tmp_path):
+def test_a_flagged_target_is_named_in_the_notes_where_the_flag_applies_to_its_metric(tmp_path):
     import json
 
     from softeval.reports.series import analyze
@@ -519,10 +519,16 @@ def test_a_flagged_target_is_named_in_the_notes(tmp_path):
     saved = json.loads(path.read_text())
     saved["diagnostics"] = {"n": 8, "empty_share": 0.0, "ambiguous_share": 0.0, "conflict_share": 0.0, "no_strict_answers": True}
     path.write_text(json.dumps(saved))
-    found = analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]
+    found = analyze(tmp_path, target_metric="task_accuracy")["tasks"]["quiz"]
     assert found["target_flags"] == {"b-ref": ["no strict answers"]}
     assert found["notes"][0].startswith("The target's cells are flagged (b-ref: no strict answers): the order it gives the recipes may be noise")
     assert found["notes"][0] in (tmp_path / "analysis.md").read_text()
+    # its knowledge reads the options' likelihoods, which a failed format does not touch ...
+    assert analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]["target_flags"] == {}
+    # ... and is undermined where the likelihoods all pick one option
+    saved["diagnostics"] |= {"knowledge_collapsed": True, "knowledge_distribution": {"A": 8}}
+    path.write_text(json.dumps(saved))
+    assert analyze(tmp_path, target_metric="knowledge")["tasks"]["quiz"]["target_flags"] == {"b-ref": ["knowledge collapsed: A 100%"]}
 
 
 def test_the_format_gap_names_each_checkpoint_and_its_unit():

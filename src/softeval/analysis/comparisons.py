@@ -21,6 +21,12 @@ PAIRS = (("soft-prompt", "zero-shot"), ("soft-prompt", "few-shot"), ("soft-promp
 LINE_UP_R = 0.5  # soft-prompt and LoRA scores line up where Pearson r is above this
 # the cell flags that make a score mean little: a finding resting on such a cell is undetermined
 UNDERMINING = ("no strict answers", "at chance", "collapsed", "mostly empty", "tuned on its evaluation rows", "task version", "judged by parsers")
+# flags that undermine any metric of a cell: it is not comparable, or measured on what it memorised
+INVALIDATING = ("tuned on its evaluation rows", "task version", "judged by parsers")
+# the flags that undermine each metric (others: INVALIDATING alone). Knowledge reads the options'
+# likelihoods or a lenient parser, so a failed format does not undermine it, and format-following
+# is what a format flag measures; knowledge collapsed onto one option undermines knowledge.
+UNDERMINING_FOR = {"task_accuracy": UNDERMINING, "knowledge": (*INVALIDATING, "knowledge collapsed"), "format_following": INVALIDATING}
 # the metrics compared row by row: per-row outcomes, so a paired bootstrap applies
 PAIRED_METRICS = {m: ROW_METRICS[m] for m in ("task_accuracy", "knowledge", "format_following")}
 
@@ -29,9 +35,9 @@ def cell_label(config: dict) -> str:
     return config["method"] + ("-chat" if config.get("chat") else "")
 
 
-def undermining(flags: list[str]) -> list[str]:
-    """The flags among a cell's that make its score mean little (see UNDERMINING)."""
-    return [f for f in flags if f.startswith(UNDERMINING)]
+def undermining(flags: list[str], metric: str = "task_accuracy") -> list[str]:
+    """The flags among a cell's that make its `metric` mean little (see UNDERMINING_FOR)."""
+    return [f for f in flags if f.startswith(UNDERMINING_FOR.get(metric, INVALIDATING))]
 
 
 def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]:

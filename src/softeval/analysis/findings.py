@@ -76,9 +76,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING, cell_flags, cell_key, tuned_agreement, undermining
+from softeval.analysis.comparisons import LINE_UP_R, UNDERMINING_FOR, cell_flags, cell_key, tuned_agreement, undermining
 from softeval.analysis.ranking import MIN_FAMILIES, families
-from softeval.analysis.series import TRUE_KNOWLEDGE_TAU, flagged_text
+from softeval.analysis.series import TRUE_KNOWLEDGE_TAU, flagged_text, target_phrase
 from softeval.analysis.stats import CONFIDENCE, holm, paired_difference, row_counts, tail_share
 from softeval.scoring import MODELS_FILE, EvalResult
 
@@ -127,15 +127,16 @@ def study_findings(folder: Path, results: list[EvalResult], comparisons: list[di
     prompt vs LoRA agreement the comparison computed, the tuning curves and ranking.json."""
     folder = Path(folder)
     flagged = cell_flags(results)
-    flags = {cell_key(r): undermining(flagged[id(r)]) for r in results}
+    raw_flags = {cell_key(r): flagged[id(r)] for r in results}
+    flags = {key: undermining(found) for key, found in raw_flags.items()}  # as task accuracy reads them
     cells = {cell_key(r): r for r in results}
     roles, guessed = _roles(folder, results)
     findings = []
     findings += _curve_findings(folder, cells, flags)
     findings += _paired_findings(comparisons, roles, guessed, flags)
-    findings += _ranking_findings(folder, cells, flags)
+    findings += _ranking_findings(folder, cells, raw_flags)
     findings.append(_lora_finding(agreement, flags, _agreement_by_role(cells, roles, agreement) if agreement else {}))
-    findings += _decision_findings(folder, flags)
+    findings += _decision_findings(folder, raw_flags)
     findings += _truth_findings(folder, flags)
     return with_holm(findings)
 
@@ -380,7 +381,7 @@ def _sign_verdict(low: float | None, high: float | None) -> dict:
 # --- 5: the ranking ------------------------------------------------------------------------------
 
 
-def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
+def _ranking_findings(folder: Path, cells: dict, raw_flags: dict) -> list[Finding]:
     claims = (("ranking_vs_zero_shot", "zero-shot"), ("ranking_vs_few_shot", "few-shot"))
     n_families = len(families(folder))
     path = folder / "ranking.json"
@@ -400,13 +401,14 @@ def _ranking_findings(folder: Path, cells: dict, flags: dict) -> list[Finding]:
     findings = []
     for claim, other in claims:
         ranked = _ranked_cells(ranking, cells, ("soft-prompt", other))
-        undermined = sorted({f for key in ranked for f in flags.get(key, [])})
+        undermined = sorted({f for key in ranked for f in undermining(raw_flags.get(key, []), metric)})
         d = comparison["tau_pairwise"].get(f"soft-prompt - {other}")
         if d is None:
             findings.append(Finding(claim=claim, verdict="not applicable", reason=f"the ranking has no soft-prompt and {other} cells of every base model"))
             continue
-        finding = dict(claim=claim, statistic=f"Kendall tau-b of soft-prompt minus {other}, base {metric} against the post-trained "
-                       f"{ranking['reference']['method']} {metric}, {n_families} families", value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"],
+        reference = ranking["reference"]
+        finding = dict(claim=claim, statistic=f"Kendall tau-b of soft-prompt minus {other}, base {metric} against the post-trained models' "
+                       f"{reference['method']}{' chat' if reference.get('chat') else ''} {metric}, {n_families} families", value=d["value"], ci_low=d["ci_low"], ci_high=d["ci_high"],
                        p_value=comparison.get("tau_pairwise_p", {}).get(f"soft-prompt - {other}"))
         if undermined:
             findings.append(Finding(**finding, verdict="undetermined", reason=f"ranked cells are flagged: {', '.join(undermined)}"))
@@ -482,7 +484,7 @@ def _r_text(r: dict) -> str:
 # --- 7: true knowledge ----------------------------------------------------------------------------
 
 
-def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
+def _decision_findings(folder: Path, raw_flags: dict) -> list[Finding]:
     """Per task of the folder's series analysis, the soft prompt's task accuracy against the best
     continuous proxy in decision accuracy (mean over budgets, paired interval)."""
     path = folder / "analysis.json"
@@ -497,8 +499,8 @@ def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
         mean = proxy["mean"]
         finding = dict(claim="early_decision", method="soft-prompt", task=task, value=mean["value"], ci_low=mean["ci_low"], ci_high=mean["ci_high"],
                        p_value=proxy.get("p_value"),
-                       statistic=f"decision accuracy averaged over {len(found['predictors']['budgets'])} budgets, {proxy['first']} minus "
-                       f"{proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
+                       statistic=f"decision accuracy against {target_phrase(analysis)}, averaged over {len(found['predictors']['budgets'])} "
+                       f"budgets, {proxy['first']} minus {proxy['second']} (the best of {proxy['among']} by it), {found['rows']} rows")
         if found.get("target_flags"):
             findings.append(Finding(**finding, verdict="undetermined", reason=f"the target's cells are flagged ({flagged_text(found['target_flags'])})"))
             continue
@@ -507,6 +509,8 @@ def _decision_findings(folder: Path, flags: dict) -> list[Finding]:
                                     "predictor of the same method grades itself; declare each recipe's reference model"))
             continue
         verdict = _among_verdict(proxy)
+        metric = analysis["target"].get("metric", "task_accuracy")
+        flags = {key: undermining(found, metric) for key, found in raw_flags.items()}
         verdict["reason"] += _flagged_checkpoints(analysis["series"], task, "soft-prompt", flags)
         findings.append(Finding(**finding, **verdict))
     return findings
@@ -531,7 +535,8 @@ def _flagged_checkpoints(series: dict, task: str, method: str, flags: dict) -> s
     """How many of the method's checkpoint cells are flagged, and with what, as a clause of a
     reason; empty where none is."""
     keys = [(point["model"], task, method, False) for points in series.values() for point in points]
-    kinds = Counter(kind for key in keys for flag in flags.get(key, []) for kind in UNDERMINING if flag.startswith(kind))
+    every_kind = dict.fromkeys(kind for kinds in UNDERMINING_FOR.values() for kind in kinds)
+    kinds = Counter(kind for key in keys for flag in flags.get(key, []) for kind in every_kind if flag.startswith(kind))
     n = sum(bool(flags.get(key)) for key in keys)
     if not n:
         return ""

@@ -199,6 +199,17 @@ def read_series(folder: Path) -> dict[str, dict]:
 TARGETS = ("reference", "last")
 
 
+def target_phrase(analysis: dict) -> str:
+    """The target of an analysis in a few words, as findings name it."""
+    target = analysis.get("target") or {}
+    metric = target.get("metric", "task_accuracy")
+    if target.get("kind") == "reference":
+        first = next((ref for ref in (analysis.get("references") or {}).values() if ref), None)
+        how = f"{first['method']}{' chat' if first.get('chat') else ''} " if first else ""
+        return f"the references' {how}{metric}"
+    return f"the last checkpoints' {target.get('method', 'soft-prompt')} {metric}"
+
+
 def series_analysis(
     folder: Path, *, target: str | None = None, target_method: str = "soft-prompt", target_metric: str = "task_accuracy",
     threshold: float = DECISION_THRESHOLD, n_resamples: int = 1000, seed: int = 0,
@@ -273,7 +284,7 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
             return f"the reference {missing[0]} has no finished cell on it; run the study's cells first"
         target_cells = {n: cells[key] for n, key in keys.items()}
     flagged = cell_flags(list(target_cells.values()), among=list(cells.values()))
-    target_flags = {cell_key(c)[0]: undermining(flagged[id(c)]) for c in target_cells.values()}
+    target_flags = {cell_key(c)[0]: undermining(flagged[id(c)], target_metric) for c in target_cells.values()}
     checkpoint_cells = [cells[(p["model"], task, m, False)] for points in series.values() for p in points for m in methods]
     rows = common_rows(checkpoint_cells + list(target_cells.values()))
     if len(rows) < 2:
