@@ -556,3 +556,40 @@ def test_an_analysis_written_by_an_older_softeval_is_reported_and_asks_to_be_run
     (tmp_path / "analysis.json").write_text(json.dumps({"target": {"kind": "reference"}, "series": {}, "tasks": {"quiz": found}}))
     [finding] = F._decision_findings(tmp_path, {})
     assert finding.verdict == "undetermined" and "run softeval analyze again" in finding.reason
+
+
+def test_training_runs_given_on_the_command_line_are_series_analysed_without_a_study_file(tmp_path, family_dirs, monkeypatch):
+    """`softeval eval --model RUN_FOLDER` records the run as a series, and `softeval analyze`
+    reads it; with no soft-prompt cell the target falls to the first method present, saying so."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from conftest import STUDY_ROWS, write_user_task
+    from softeval.cli import app
+
+    monkeypatch.setenv("SOFTEVAL_HASH_CACHE", str(tmp_path / "hashes.json"))
+    for run, family in (("alpha-run", "alpha"), ("beta-run", "beta")):
+        for step, role in ((10, "base"), (20, "post-trained")):  # two different weights per run
+            shutil.copytree(family_dirs[family][role], tmp_path / run / f"checkpoint-{step}")
+    task = write_user_task(tmp_path, STUDY_ROWS)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "alpha-run"), "--model", str(tmp_path / "beta-run"), "--task", str(task),
+                                      "--method", "zero-shot,few-shot", "--k", "2", "--limit", "8", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    series = json.loads((out / "series.json").read_text())
+    assert {name: [p["step"] for p in s["checkpoints"]] for name, s in series.items()} == {"alpha-run": [10, 20], "beta-run": [10, 20]}
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["target"]["method"] == "few-shot" and not analysis["target"]["method_chosen"]
+    result = CliRunner().invoke(app, ["analyze", str(out)])
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())  # as wrapped to the terminal's width
+    assert "no task has soft-prompt cells of every checkpoint, so the target is the last checkpoints' few-shot score" in printed
+    # a model declared on the command line keeps its role
+    result = CliRunner().invoke(app, ["eval", "--model", str(family_dirs["alpha"]["post-trained"]), "--role", "base", "--task", str(task),
+                                      "--limit", "4", "--output", str(tmp_path / "declared")])
+    assert result.exit_code == 0, result.output
+    cell = json.loads(next((tmp_path / "declared").glob("*/capitals/zero-shot/results.json")).read_text())
+    assert (cell["config"]["role"], cell["config"]["role_from"]) == ("base", "study")
+    assert json.loads((tmp_path / "declared" / "models.json").read_text())[family_dirs["alpha"]["post-trained"].name]["role"] == "base"

@@ -151,7 +151,10 @@ def options(
     settings.debug = debug or bool(os.environ.get(DEBUG_ENV))
 
 
-Models = Annotated[list[str], typer.Option("--model", help="Alias, local folder, .gguf file or hub id; repeatable.")]
+Models = Annotated[list[str], typer.Option("--model", help="Alias, local folder, .gguf file or hub id; a training run's folder (or a glob of "
+                  "checkpoints) is a series of its checkpoints; repeatable.")]
+Role = Annotated[str | None, typer.Option(help="Declare every --model a base or a post-trained model (the findings otherwise guess it from "
+                 "the chat template).")]
 Tasks = Annotated[list[str], typer.Option("--task", help="Built-in task name, lm-eval:NAME (a task of lm-evaluation-harness) or task YAML path; repeatable.")]
 Chat = Annotated[bool, typer.Option(help="Also run post-trained models with their chat template.")]
 Force = Annotated[bool, typer.Option(help="Redo finished cells (and their tuning) instead of skipping them.")]
@@ -159,6 +162,28 @@ Ray = Annotated[str | None, typer.Option(help="Run each (model, task) on Ray: --
 Wandb = Annotated[str | None, typer.Option("--wandb", metavar="PROJECT", help="Also log the results to this W&B project (needs the wandb package).")]
 Mlflow = Annotated[str | None, typer.Option("--mlflow", metavar="URI", help="Also log the results to the MLflow tracking server or store at URI (needs the mlflow package).")]
 TUNE = TuneConfig()  # the command line's tuning defaults are the library's
+
+
+def grid_models(models: list[str], role: str | None) -> dict:
+    """The models of a command line, as a study names them: a training run's folder or a glob of
+    checkpoint folders is a series (named after the run's folder), so `softeval analyze` reads
+    the checkpoints as a recipe's; any other --model is a model, declared `role` where given."""
+    from softeval.models import expand_checkpoints, local_checkpoint
+
+    if role not in (None, "base", "post-trained"):
+        raise SoftevalError(f"--role: unknown role '{role}'; choose base or post-trained")
+    entries, series = [], []
+    for model in models:
+        spec = local_checkpoint(model)
+        if expand_checkpoints(model) != [spec]:  # a run's folder or a glob: its checkpoints
+            if role == "post-trained":
+                raise SoftevalError(f"--role post-trained: {model} holds a training run's checkpoints, which are base models; drop --role")
+            globbed = any(c in spec for c in "*?[")
+            name = Path(spec.rstrip("/")).parent.name if globbed else Path(spec.rstrip("/")).name
+            series.append({"name": name, "checkpoints": model})
+        else:
+            entries.append({"model": model} | ({"role": role} if role else {}))
+    return {"models": entries, "series": series}
 
 
 def methods_list(values: list[str]) -> list[str]:
@@ -257,6 +282,7 @@ def eval_command(
     output: Annotated[Path, typer.Option(help="Results go to OUTPUT/<model>/<task>/<method>/.")],
     method: Annotated[list[str], typer.Option(help=f"Of {', '.join(m for m in METHODS if m != 'lora')}; repeatable or comma-separated.")] = ["zero-shot"],  # noqa: B006
     chat: Chat = False,
+    role: Role = None,
     k: Shots = 5,
     prompt: Annotated[Path | None, typer.Option(help="Tuned soft prompt (file or tune folder) for --method soft-prompt.")] = None,
     limit: Limit = None,
@@ -277,7 +303,7 @@ def eval_command(
     if prompt is not None and "soft-prompt" not in methods:
         raise SoftevalError("--prompt is evaluated by the soft-prompt method only; add --method soft-prompt")
     study = validated(
-        Study, models=[{"model": m} for m in model], tasks=task, methods=methods, chat=chat, k=k, limit=limit, seed=seed, batch_size=batch_size,
+        Study, **grid_models(model, role), tasks=task, methods=methods, chat=chat, k=k, limit=limit, seed=seed, batch_size=batch_size,
     )
     finish(output, run_logged(study, output, wandb, mlflow, prompt=prompt, data_dir=data_dir, cache_dir=cache_dir, force=force))
 
@@ -289,6 +315,7 @@ def run_command(
     output: Annotated[Path, typer.Option(help="Report folder: cells, tuned prompts and adapters, curves, comparison.md.")],
     method: Annotated[list[str], typer.Option(help=f"Of {', '.join(METHODS)}; repeatable or comma-separated.")] = ["zero-shot,few-shot,soft-prompt"],  # noqa: B006
     chat: Chat = False,
+    role: Role = None,
     k: Shots = 5,
     limit: Limit = None,
     steps: Steps = TUNE.steps,
@@ -313,7 +340,7 @@ def run_command(
 ) -> None:
     """Tune soft prompts and LoRA adapters where needed, evaluate every method, compare them."""
     study = validated(
-        Study, models=[{"model": m} for m in model], tasks=task, methods=methods_list(method), chat=chat, k=k, limit=limit,
+        Study, **grid_models(model, role), tasks=task, methods=methods_list(method), chat=chat, k=k, limit=limit,
         seed=seed, batch_size=batch_size, sweep=sweep_grid, sweep_steps=sweep_steps,
         tuning={"steps": steps, "batch_size": tune_batch_size, "lr": lr, "length": length, "eval_every": eval_every, "val_size": val_size},
         lora={"rank": lora_rank, "lr": lora_lr, "targets": _split(lora_targets) if lora_targets else None},
@@ -366,12 +393,13 @@ def analyze_command(
         typer.Option(help="What orders the recipes: 'reference' (their post-trained models; the default where every series declares one) "
                      "or 'last' (their last checkpoints)."),
     ] = None,
-    target_method: Annotated[str, typer.Option(help="Method of the last checkpoints' score, with --target last.")] = "soft-prompt",
+    target_method: Annotated[str | None, typer.Option(help="Method of the last checkpoints' score, with --target last (default: soft-prompt, "
+                             "else the first of few-shot, zero-shot, lora the checkpoints have).")] = None,
     target_metric: Annotated[str, typer.Option(help="Metric of the target, and of the scores ordered against it.")] = "task_accuracy",
     threshold: Annotated[float, typer.Option(min=0, max=1, help="Decision accuracy a method must keep from its earliest decision on.")] = 0.8,
 ) -> None:
     """Which pre-training recipe is better, and from how many tokens each method can tell."""
-    if target_method not in METHODS:
+    if target_method is not None and target_method not in METHODS:
         raise SoftevalError(f"--target-method: unknown method '{target_method}'; choose one of: {', '.join(METHODS)}")
     if target_metric not in ("task_accuracy", "knowledge", "format_following"):
         raise SoftevalError(f"--target-metric: '{target_metric}' is no curve metric; choose task_accuracy, knowledge or format_following")

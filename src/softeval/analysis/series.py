@@ -211,7 +211,7 @@ def target_phrase(analysis: dict) -> str:
 
 
 def series_analysis(
-    folder: Path, *, target: str | None = None, target_method: str = "soft-prompt", target_metric: str = "task_accuracy",
+    folder: Path, *, target: str | None = None, target_method: str | None = None, target_metric: str = "task_accuracy",
     threshold: float = DECISION_THRESHOLD, n_resamples: int = 1000, seed: int = 0,
 ) -> dict:
     """Every analysis of the recipes in OUTPUT/series.json, per task, over the folder's finished
@@ -221,7 +221,9 @@ def series_analysis(
 
     The target orders the recipes: "reference" is their declared post-trained models' score,
     evaluated as the study recorded; "last" their last checkpoints' `target_method` score. By
-    default, the references where every recipe declares one, else the last checkpoints."""
+    default, the references where every recipe declares one, else the last checkpoints; and the
+    target's method is the soft prompt, else the first of few-shot, zero-shot and LoRA that every
+    checkpoint has cells of."""
     if target not in (None, *TARGETS):
         raise SoftevalError(f"unknown target '{target}'; choose reference (the recipes' post-trained models) or last (their last checkpoints)")
     folder = Path(folder)
@@ -236,7 +238,11 @@ def series_analysis(
         raise SoftevalError(f"series '{missing}' declares no reference model; add reference: to its series in the study file, or use --target last")
     series = {name: s["checkpoints"] for name, s in recorded.items()}
     cells = {cell_key(r): r for r in finished_cells(folder)}
-    settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method}
+    method_chosen = target_method is not None
+    target_method, why = (target_method, None) if method_chosen else default_target_method(series, cells)
+    settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method, "method_chosen": method_chosen}
+    if why:
+        settings["method_why"] = why
     if target == "reference":
         settings |= {"method": None, "models": {name: ref["model"] for name, ref in references.items()}}
     elif not chosen:  # why not the references
@@ -261,6 +267,22 @@ def series_analysis(
         reasons = "; ".join(f"{task}: {why}" for task, why in analysis["skipped"].items())
         raise SoftevalError(f"no task in {folder} has the {wanted} of every series ({reasons or 'no finished cells'}); run the study's cells first")
     return analysis
+
+
+TARGET_METHODS = ("soft-prompt", "few-shot", "zero-shot", "lora")  # the last checkpoints' target method, first present first
+
+
+def default_target_method(series: dict, cells: dict) -> tuple[str, str | None]:
+    """The target method where none is chosen: the soft prompt, else the first method that every
+    checkpoint of every recipe has a finished cell of on some task; and why, where it is not the
+    soft prompt."""
+    tasks = sorted({key[1] for key in cells})
+    covers = lambda method: any(all((p["model"], task, method, False) in cells for points in series.values() for p in points)  # noqa: E731
+                                for task in tasks)
+    method = next((m for m in TARGET_METHODS if covers(m)), TARGET_METHODS[0])
+    if method == TARGET_METHODS[0]:
+        return method, None
+    return method, f"no task has soft-prompt cells of every checkpoint, so the target is the last checkpoints' {method} score"
 
 
 def _task_analysis(series: dict, references: dict, by_reference: bool, cells: dict, task: str, target_method: str, target_metric: str,

@@ -23,6 +23,8 @@ def analyze(folder: Path, **settings) -> dict:
     """Analyse the folder's series and write analysis.json, analysis.md and the charts."""
     folder = Path(folder)
     analysis = series_analysis(folder, **settings)
+    if analysis["target"].get("method_why"):
+        log.info("series analysis: %s (--target-method chooses another)", analysis["target"]["method_why"])
     for task, found in analysis["tasks"].items():
         _plot(found, task, analysis["target"]["metric"], chart_path(folder, task))
     write_json_atomic(folder / "analysis.json", analysis)
@@ -49,7 +51,8 @@ def update_analysis(folder: Path) -> dict | None:
         last = json.loads((Path(folder) / "analysis.json").read_text(encoding="utf-8"))
         target = last["target"]
         settings = {"target": target.get("kind") if target.get("chosen") else None, "target_metric": target["metric"], "threshold": last["threshold"]}
-        settings |= {"target_method": target["method"]} if target.get("method") else {}
+        # a method the analysis fell back to is chosen afresh: the soft prompt's cells may have come since
+        settings |= {"target_method": target["method"]} if target.get("method") and target.get("method_chosen", True) else {}
     try:
         return analyze(folder, **settings)
     except SoftevalError as exc:  # cells still missing: no analysis rather than an outdated one
@@ -85,8 +88,9 @@ def target_text(analysis: dict) -> str:
         how = f"{first['method']}{' with its chat template' if first['chat'] else ''}"
         return f"each recipe's post-trained reference model's {target['metric']} ({how})"
     why = f"; not the references: {target['why']}" if target.get("why") else ""
+    fallen = f"; {target['method_why']}" if target.get("method_why") else ""
     return (f"each recipe's last checkpoint's {target['method']} {target['metric']} (that method orders the last budget "
-            f"perfectly by construction: compare methods on the budgets before it{why})")
+            f"perfectly by construction: compare methods on the budgets before it{why}{fallen})")
 
 
 def decision_rows(found: dict) -> list[list[str]]:
