@@ -543,7 +543,32 @@ def test_cells_of_one_task_judged_by_other_parsers_are_flagged(tmp_path, tiny_mo
     assert all(judged_by(flags[id(c)]) == [f"judged by parsers {c.versions['parsers']}, one of 2 here: rerun its command"] for c in cells)
 
 
-def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_model_dirs, monkeypatch):
+def test_a_cell_of_the_older_interval_rule_is_recomputed_once_from_its_samples_saying_so(tmp_path, tiny_llama, caplog):
+    import logging
+
+    from softeval import evaluate, load_task
+    from softeval.scoring import INTERVALS
+    from softeval.study.evaluation import rejudge
+
+    spec = load_task(write_user_task(tmp_path, ROWS * 6))
+    result = evaluate(tiny_llama, spec, "zero-shot", progress=False)
+    assert result.versions["intervals"] == INTERVALS
+    folder = result.save(tmp_path / "out")
+    assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) is None  # this version's rule: nothing to do
+    # as the rule before wrote it: each upper bound one resample higher, and no record of the rule
+    older = result.metrics["knowledge"].model_copy(update={"ci_high": min(1.0, result.metrics["knowledge"].ci_high + 1 / 12)})
+    result.metrics["knowledge"] = older
+    del result.versions["intervals"]
+    result.write(folder)
+    with caplog.at_level(logging.INFO, logger="softeval"):
+        assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) == 0  # no completion is judged otherwise
+    assert [r for r in caplog.records if "its intervals are computed again from its samples" in r.getMessage()]
+    again = EvalResult.load(folder)
+    assert again.metrics == evaluate(tiny_llama, spec, "zero-shot", progress=False).metrics and again.versions["intervals"] == INTERVALS
+    assert rejudge(folder, spec, data_dir=None, limit=None, seed=0) is None  # once
+
+
+def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_model_dirs, monkeypatch, caplog):
     import shutil
 
     from transformers import AutoModelForCausalLM
@@ -562,7 +587,8 @@ def test_a_rerun_of_finished_cells_does_not_load_the_weights(tmp_path, tiny_mode
     rerun = evaluate_with("zero-shot")
     assert rerun.exit_code == 0 and "1 of 1 cells were finished already" in rerun.output
     more = evaluate_with("zero-shot,few-shot")  # a cell to compute: now the weights load
-    assert more.exit_code == 1 and "the weights were read" in str(more.exception)
+    assert more.exit_code == 1 and str(more.exception).startswith("1 of 2 cells failed, each told above")
+    assert [r for r in caplog.records if "the weights were read" in r.getMessage()]
 
 
 def test_a_command_reads_each_split_once(tmp_path, family_dirs, monkeypatch):

@@ -143,6 +143,25 @@ def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_k
     assert "true knowledge" in (out / "analysis.md").read_text()
 
 
+def intervals_in(node, where: str = ""):
+    """Every (place, value, low, high) of a JSON document that holds an estimate and its interval."""
+    if isinstance(node, dict):
+        if {"value", "ci_low", "ci_high"} <= node.keys() and None not in (node["value"], node["ci_low"], node["ci_high"]):
+            yield where, node["value"], node["ci_low"], node["ci_high"]
+        for key, child in node.items():
+            yield from intervals_in(child, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            yield from intervals_in(child, f"{where}/{i}")
+
+
+def test_no_estimate_of_the_testbed_study_lies_outside_its_interval(studied):
+    found = [(path.relative_to(studied), *interval) for path in sorted(studied.rglob("*.json")) for interval in intervals_in(json.loads(path.read_text()))]
+    assert len(found) > 5000  # every cell's metrics, paired differences, decisions, agreements, ranking
+    outside = [f for f in found if not f[3] - 1e-9 <= f[2] <= f[4] + 1e-9]
+    assert not outside, outside[:5]
+
+
 def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of_their_checkpoints(testbed, studied, mirror, tmp_path):
     """`softeval testbed --recipes base,short --in-loop OUT`: the two recipes train to the same
     checkpoints, byte for byte, as in the whole testbed built without evaluations, and every cell

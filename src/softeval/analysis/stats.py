@@ -1,7 +1,8 @@
 """Study statistics with honest 95% intervals: does one evaluation method predict the ranking of
 post-trained models, do two methods agree across cells, and does a method change a cell's score.
 
-Every interval is a percentile bootstrap over benchmark rows. Rows are the unit that was sampled
+Every interval is a percentile bootstrap over benchmark rows (`quantile_interval`: the
+inverted-CDF percentile, widened to its estimate where the estimate falls outside it). Rows are the unit that was sampled
 (the benchmark is a sample of possible questions), so they are what we resample. Within a task the
 same row draw is applied to every model and every method: their outcomes on one row are correlated
 (an easy question is easy for all), and resampling them separately would make the intervals wrong
@@ -23,8 +24,8 @@ from pydantic import BaseModel
 from scipy.stats import kendalltau, pearsonr, rankdata, spearmanr
 
 from softeval.errors import SoftevalError
+from softeval.scoring.metrics import CONFIDENCE, percentile_bounds
 
-CONFIDENCE = 0.95
 POWER = 0.8  # the power a study plans for: rows that would detect a difference 80% of the time
 _SCORE_DECIMALS = 12  # scores equal up to float noise count as tied, as they are on paper
 _MAX_DRAW_CELLS = 2_000_000  # rows x resamples drawn at once: bounds memory on long tasks
@@ -241,9 +242,17 @@ def compare_predictors(
 
 
 def resampled_p_value(value: float | None, resampled: np.ndarray, null: float = 0.0) -> float | None:
-    """`bootstrap_p_value` over the defined resamples; None where the statistic is undefined."""
+    """`bootstrap_p_value` over the defined resamples, as the interval `quantile_interval` gives
+    reads it: 1 where the estimate itself is not beyond `null` on the side most resamples are
+    (the interval, widened to the estimate, then holds `null`); None where the statistic is
+    undefined."""
     defined = _round(resampled[np.isfinite(resampled)])
-    return None if value is None or not defined.size else bootstrap_p_value(defined, null)
+    if value is None or not defined.size:
+        return None
+    side = np.sign(float(np.median(defined)) - null)
+    if side == 0 or np.sign(_round(value) - null) != side:
+        return 1.0
+    return bootstrap_p_value(defined, null)
 
 
 def method_agreement(
@@ -330,26 +339,27 @@ def row_counts(draws: np.ndarray) -> np.ndarray:
 
 
 def quantile_interval(value: float | None, resampled: np.ndarray) -> Estimate:
-    """A value and the 95% interval of its resamples where they are defined (not NaN), its bounds
-    values some resample had (no interpolation between two); no interval where none is defined."""
+    """A value and its 95% interval: the inverted-CDF percentile interval of the defined (not NaN)
+    resamples (`scoring.metrics.percentile_bounds`, each bound a value some resample had),
+    widened to take in the value where it lies outside. Resampling rows adds noise to every mean
+    a rank or decision statistic orders, which pulls the resampled statistic towards 0, and can
+    leave the estimate beside its percentile interval; a coverage simulation with a known truth
+    (benchmarks/interval_coverage.py, docs/studies.md) found the widened percentile interval
+    covering the true value at least as often as BCa. No interval where none is defined."""
     defined = resampled[~np.isnan(resampled)]
     if value is None or not len(defined):
         return Estimate(value=value, ci_low=None, ci_high=None)
-    low, high = np.quantile(defined, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], method="inverted_cdf")
-    return Estimate(value=value, ci_low=float(low), ci_high=float(high))
+    low, high = percentile_bounds(defined)
+    return Estimate(value=value, ci_low=min(float(low), value), ci_high=max(float(high), value))
 
 
 def _estimate(value: float | None, boot: np.ndarray) -> Estimate:
-    """Point value and percentile interval over the resamples where the statistic is defined."""
+    """`quantile_interval` of a value and its resamples, rounded (float noise dropped); None
+    where the value is undefined."""
     if value is None or not np.isfinite(value):
         return Estimate(value=None, ci_low=None, ci_high=None)
-    defined = boot[np.isfinite(boot)]
-    if defined.size == 0:
-        return Estimate(value=float(_round(value)), ci_low=None, ci_high=None)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    # resampled values, not interpolations between two: every bound is a value a resample had
-    low, high = _round(np.array([np.percentile(defined, tail, method="lower"), np.percentile(defined, 100 - tail, method="higher")]))
-    return Estimate(value=float(_round(value)), ci_low=float(low), ci_high=float(high))
+    found = quantile_interval(float(_round(value)), _round(boot[np.isfinite(boot)]))
+    return found
 
 
 # ---------------------------------------------------------------- statistics

@@ -294,12 +294,19 @@ def _statistic(format_ok, task_correct, lenient_correct, knowledge_correct, axis
     return np.stack([ff, acc, conditional, lenient_correct.mean(axis), knowledge_correct.mean(axis)])
 
 
+CONFIDENCE = 0.95  # of every interval softeval gives
+# the rule of every percentile interval softeval gives, recorded with each cell
+INTERVALS = "inverted-cdf"
+
+
 def percentile_bounds(resampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 95% percentile interval along the last axis, over the resamples that are defined (not
-    NaN), each bound a resampled value: an interpolated bound (80.1% of 20 rows) is a score no
-    resample had."""
-    low = np.nanpercentile(resampled, 2.5, axis=-1, method="lower")
-    high = np.nanpercentile(resampled, 97.5, axis=-1, method="higher")
+    NaN): the inverted-CDF quantiles, so each bound is a value some resample took (an
+    interpolated bound, 80.1% of 20 rows, is a score no resample had). Every interval of
+    softeval's is this rule (the analysis widens one to its estimate, see analysis.stats)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a metric undefined in every resample has no interval
+        low, high = np.nanquantile(resampled, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2], axis=-1, method="inverted_cdf")
     return low, high
 
 

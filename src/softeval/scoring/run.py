@@ -18,7 +18,7 @@ from softeval.engine import Engine, ReferenceEngine
 from softeval.formats import Example
 from softeval.progress import Bars
 from softeval.scoring.likelihood import CLOZE_BYTES, gold_aggregate, gold_fields
-from softeval.scoring.metrics import Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
+from softeval.scoring.metrics import INTERVALS, Diagnostics, Metric, Sample, aggregate, diagnose, score_sample
 from softeval.tasks import PromptBuilder, TaskSpec
 
 
@@ -104,7 +104,8 @@ def _gold_loglikelihoods(examples: list[Example], prompts: list, builder: Prompt
 
 def package_versions() -> dict:
     names = ("softeval", "torch", "transformers", "datasets")
-    return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version(), "cloze_bytes": CLOZE_BYTES}
+    return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version(), "cloze_bytes": CLOZE_BYTES,
+            "intervals": INTERVALS}
 
 
 @functools.cache

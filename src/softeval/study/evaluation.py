@@ -16,7 +16,7 @@ from softeval.engine import start_engine
 from softeval.errors import SoftevalError
 from softeval.models import LoadedModel
 from softeval.progress import progress_bars
-from softeval.scoring import CLOZE_BYTES, EvalResult, package_versions, parsers_version, run_examples, score_sample, scores
+from softeval.scoring import CLOZE_BYTES, INTERVALS, EvalResult, package_versions, parsers_version, run_examples, score_sample, scores
 from softeval.tasks import PromptBuilder, TaskSpec, choose_demos, cloze_context_ends_in_space, data_identity, load_examples, with_answer_words
 from softeval.tuning import METHODS, identity_keys, Adapter, Method, SoftPrompt, check_made_for, lora_applied
 
@@ -191,11 +191,14 @@ def rejudge(folder: Path, spec: TaskSpec, *, data_dir, limit: int | None, seed: 
     if same_code and samples == result.samples and metrics == result.metrics and diagnostics == result.diagnostics and config == result.config:
         return None
     changed = sum(new != old for new, old in zip(samples, result.samples))
+    if result.versions.get("intervals") != INTERVALS and metrics != result.metrics:
+        log.info("%s: its intervals are computed again from its samples by this version's rule (%s percentiles: each bound a value "
+                 "some resample took)", folder, INTERVALS)
     result.samples, result.metrics, result.diagnostics, result.config = samples, metrics, diagnostics, config
     # the cloze byte rule is recorded where the cell's byte counts are known to follow it: a
     # plain cell that passed `_cloze_bytes_short`, or one without options
     counted = {} if spec.is_multiple_choice and result.config.get("chat") else {"cloze_bytes": CLOZE_BYTES}
-    result.versions = result.versions | {"parsers": parsers_version()} | counted
+    result.versions = result.versions | {"parsers": parsers_version(), "intervals": INTERVALS} | counted
     result.write(folder)
     return changed
 
