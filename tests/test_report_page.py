@@ -113,18 +113,27 @@ def test_page_loads_offline_with_every_section(study_page, browser, tmp_path):
     assert page.errors == []
     assert page.requests == [study_page.as_uri()]  # nothing but the file itself: no CDN, no network
     assert page.title() != "pwned" and "pwned" not in page.evaluate("document.title")
-    for section in ("findings", "run", "overview", "paired", "curves", "ranking", "samples"):
+    for section in ("summary", "findings", "run", "overview", "paired", "curves", "ranking", "samples"):
         assert page.locator(f"section#{section}").count() == 1, section
-    # the findings come first, each with the verdict comparison.json gives it
-    assert page.locator("main > section").first.get_attribute("id") == "findings"
+    # the answer first (here, the ranking's verdicts), then the findings
+    assert [s.get_attribute("id") for s in page.locator("main > section").all()[:2]] == ["summary", "findings"]
     saved = json.loads((study_page.parent / "comparison.json").read_text())["findings"]
-    assert page.locator("table.findings span.verdict").all_text_contents() == [f["verdict"] for f in saved]
+    ranking = [f["verdict"] for f in saved if f["claim"].startswith("ranking_vs_")]
+    assert page.locator("#summary table.summary tr td:nth-child(2)").all_text_contents() == ranking
+    # every finding that applies, with the verdict comparison.json gives it: the study's own and
+    # those that hold or fail in view, the undetermined per-cell ones folded by why
+    shown = sorted(page.locator("table.findings span.verdict").all_text_contents())
+    assert shown == sorted(f["verdict"] for f in saved if f["verdict"] != "not applicable")
+    folded = page.locator("details.undetermined")
+    assert folded.count() >= 1 and not folded.first.evaluate("d => d.open")
+    assert not folded.first.locator("table.findings").is_visible()
+    assert page.locator("table.counts tr").count() == 1 + len({f["claim"] for f in saved if f["model"] is not None})
     assert page.locator("#run table").first.locator("tr").count() == 1 + 6  # six models with their identity
     assert page.locator("table.overview tr").count() == 1 + 3 * 4 + 3 * 8  # base: 4 methods, post-trained: 4 x 2 chat modes
     # every cell's likelihood of the gold answer, bits per byte said to be lower-is-better
     assert page.locator("table.gold tr").count() == 1 + 3 * 4 + 3 * 8
     assert "lower is better" in page.locator("table.gold th", has_text="gold bpb").first.get_attribute("title")
-    assert page.locator("table.findings th", has_text="Holm").count() == 1
+    assert page.locator("table.findings").count() == page.locator("table.findings th", has_text="Holm").count() >= 2
     # each metric's column says what it measures
     assert "right when it keeps the format" in page.locator("table.overview th", has_text="cond acc").first.get_attribute("title")
     assert page.locator("#overview svg").count() == 1

@@ -593,3 +593,15 @@ def test_training_runs_given_on_the_command_line_are_series_analysed_without_a_s
     cell = json.loads(next((tmp_path / "declared").glob("*/capitals/zero-shot/results.json")).read_text())
     assert (cell["config"]["role"], cell["config"]["role_from"]) == ("base", "study")
     assert json.loads((tmp_path / "declared" / "models.json").read_text())[family_dirs["alpha"]["post-trained"].name]["role"] == "base"
+
+
+def test_a_summary_says_when_a_figure_rests_on_ties(tmp_path):
+    from softeval.analysis.summary import tied_text
+    from softeval.reports.series import analyze
+
+    scores = {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0, "f": 0.4}
+    assert tied_text(scores, "the soft prompt's last checkpoints") == "5 of 6 recipes tied at 0.00 in the soft prompt's last checkpoints"
+    assert tied_text({"a": 0.1, "b": 0.2, "c": 0.2, "d": 0.5, "e": 0.6}, "the target") is None  # two of five: no statistic rests on them
+    _tied_folder(tmp_path)  # every target's task accuracy is 0
+    analyze(tmp_path, target_metric="task_accuracy")
+    assert "Resting on ties: 2 of 2 recipes tied at 0.00 in the target" in (tmp_path / "analysis.md").read_text()

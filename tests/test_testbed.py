@@ -188,3 +188,27 @@ def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of
         assert cell.metrics == posthoc.metrics
     analysis = json.loads((live / "analysis.json").read_text())
     assert analysis["target"]["kind"] == "reference" and analysis["tasks"]["world_qa"]["truth"]["checkpoints"] == 10
+
+
+def test_the_testbed_study_opens_with_a_summary_that_answers_from_its_analysis(studied):
+    """analysis.md and comparison.md open, per task, with the predictor that decides first, the
+    soft prompt against the best continuous proxy and the score that best follows true knowledge,
+    each as analysis.json gives it, with its interval and a link to its table."""
+    analysis = json.loads((studied / "analysis.json").read_text())
+    text, comparison = (studied / "analysis.md").read_text(), (studied / "comparison.md").read_text()
+    assert text.index("## Summary") < text.index("## world_mc") and comparison.index("## Summary") < comparison.index("## Findings")
+    interval = lambda e: f"{e['value']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]"  # noqa: E731
+    for task, found in analysis["tasks"].items():
+        predictors = found["predictors"]
+        best = next(name for name in predictors["ranked"] if predictors["results"][name]["mean"]["value"] is not None)
+        line = next(row for row in text.splitlines() if row.startswith("| decides first") and f"#{task}-predictors" in row)
+        assert f"| {best} | {interval(predictors['results'][best]['mean'])} |" in line
+        proxy = next(d for d in predictors["differences"] if d["best_continuous"])
+        line = next(row for row in text.splitlines() if row.startswith("| soft prompt vs the best continuous proxy") and f"#{task}-predictors" in row)
+        assert f"({proxy['second']}) | {interval(proxy['mean'])} |" in line
+        tau = max(((m[k]["value"], f"{method} / {k}", m[k]) for method, m in found["truth"]["agreement"].items() for k in m
+                   if m[k]["value"] is not None), key=lambda item: item[0])
+        line = next(row for row in text.splitlines() if row.startswith("| follows true knowledge best") and f"#{task}-true-knowledge" in row)
+        assert f"| {tau[1]} | {interval(tau[2])} |" in line
+        assert f"### {task}: predictors" in text and f"### {task}: true knowledge" in text  # the tables the links lead to
+        assert f"](analysis.md#{task}-predictors)" in comparison

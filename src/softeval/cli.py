@@ -231,12 +231,19 @@ def finish(output: Path, reports) -> None:
     if skipped:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
     stdout.print(metrics_table(results, among=cells))
+    if (output / "analysis.json").is_file():  # the answer first: what the folder's series say
+        from softeval.reports.summary import summary_tables
+
+        for table in summary_tables(json.loads((output / "analysis.json").read_text(encoding="utf-8"))):
+            stdout.print(table)
     if (output / "comparison.json").is_file():  # the findings of every finished cell in the folder
         from softeval.analysis import Finding
-        from softeval.reports import findings_table
+        from softeval.reports.findings import counts_table, findings_table
 
-        saved = json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])
-        stdout.print(findings_table([Finding(**f) for f in saved]))
+        saved = [Finding(**f) for f in json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])]
+        stdout.print(findings_table(saved))
+        if any(f.model is not None for f in saved):
+            stdout.print(counts_table(saved))
     stdout.print(f"wrote {output / 'comparison.md'}", highlight=False)
     if (output / "analysis.json").is_file():  # the folder's series analysis, redone by this command
         print_analysis_files(output)

@@ -199,6 +199,16 @@ def read_series(folder: Path) -> dict[str, dict]:
 TARGETS = ("reference", "last")
 
 
+def budget_text(value: float | None, axis: str) -> str:
+    """A budget as a reader reads it: 369K tokens, step 500; "never" for none."""
+    if value is None:
+        return "never"
+    if axis != "tokens":
+        return f"{axis} {value:g}"
+    scale, unit = next(((s, u) for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")) if value >= s), (1, ""))
+    return f"{value / scale:.3g}{unit} tokens"
+
+
 def target_phrase(analysis: dict) -> str:
     """The target of an analysis in a few words, as findings name it."""
     target = analysis.get("target") or {}

@@ -5,6 +5,7 @@ tables the terminal prints.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.table import Table
@@ -193,12 +194,15 @@ def write_comparison(folder: Path) -> list[EvalResult]:
     agreement = tuned_agreement({cell_key(r): r for r in results})
     from softeval.analysis import study_findings
     from softeval.reports.findings import findings_markdown
+    from softeval.reports.summary import summary_markdown
 
     findings = study_findings(folder, results, comparisons, agreement)
     header = ["model", "method", "n", *METRICS, "tuning cost", "flags"]
+    analysis = json.loads((folder / "analysis.json").read_text(encoding="utf-8")) if (folder / "analysis.json").is_file() else None
     lines = [
         "# softeval comparison",
         "",
+        *summary_markdown(analysis, link_to="analysis.md", findings=findings),
         *findings_markdown(findings),
         "## Cells",
         "",

@@ -65,7 +65,7 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
         "tasks": [task_overview(task, [r for r in results if r.config["task"] == task]) for task in dict.fromkeys(r.config["task"] for r in results)],
         "metric_names": [SHORT[m] for m in METRICS],
         "metric_meanings": [MEANINGS[m] for m in METRICS],
-        "findings": findings_view(study_findings(folder, results, paired, agreement)),
+        **summary_and_findings(folder, study_findings(folder, results, paired, agreement)),
         "paired": paired,
         "curves": tuning_curves(folder),
         "ranking": ranking_view(ranking) if ranking else None,
@@ -79,12 +79,35 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
 
 
 def findings_view(findings: list[Finding]) -> list[dict]:
-    """The findings as the page's first section shows them: claim, where, estimate, verdict."""
+    """Findings as the page's tables show them: claim, where, estimate, verdict."""
     return [
         {"claim": CLAIMS[f.claim], "where": where(f), "estimate": estimate_text(f), "verdict": f.verdict,
          "css": f.verdict.replace(" ", "-"), "reason": f.reason, "statistic": f.statistic, "p": p_text(f.p_value), "holm": holm_text(f)}
         for f in findings
     ]
+
+
+def summary_and_findings(folder: Path, findings: list[Finding]) -> dict:
+    """The page's opening: the summary of the series analysis and the ranking, then the
+    findings folded (the study's and series' own, per-cell counts, those that hold or fail, the
+    undetermined ones grouped by why, in sections a reader opens)."""
+    from softeval.reports.findings import VERDICTS, folded
+    from softeval.reports.summary import ranking_rows, summary_view
+
+    path = folder / "analysis.json"
+    analysis = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    found = folded(findings)
+    from softeval.reports.summary import estimate_text as summary_estimate
+
+    ranking = [row | {"estimate": summary_estimate(row["estimate"])} for row in ranking_rows(findings)]
+    return {
+        "summary": {"tasks": summary_view(analysis) if analysis and analysis.get("tasks") else [], "ranking": ranking},
+        "findings": {"broad": findings_view(found["broad"]), "verdicts": VERDICTS,
+                     "counts": [{"claim": CLAIMS[claim], "n": [n[v] for v in VERDICTS]} for claim, n in found["counts"].items()],
+                     "decided": findings_view(found["decided"]),
+                     "undetermined": [{"kind": kind, "findings": findings_view(group)} for kind, group in found["undetermined"].items()],
+                     "not_applicable": sorted({f"{CLAIMS[f.claim]} ({f.reason})" for f in found["not_applicable"]})},
+    }
 
 
 # --- header ---------------------------------------------------------------------------------------
@@ -311,6 +334,8 @@ def series_view(folder: Path) -> dict | None:
         truth_text,
     )
 
+    from softeval.analysis.summary import anchor
+
     path = folder / "analysis.json"
     if not path.is_file():
         return None
@@ -322,7 +347,9 @@ def series_view(folder: Path) -> dict | None:
          "chart": inline_svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
                         "differences": difference_lines(found)} if found.get("predictors") else None,
-         "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None}
+         "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None,
+         # the summary's links lead here
+         "anchors": {"decisions": anchor(task, "decision accuracy"), "predictors": anchor(task, "predictors"), "truth": anchor(task, "true knowledge")}}
         for task, found in analysis["tasks"].items()
     ]
     recipes = ", ".join(f"{name} ({len(points)} checkpoints)" for name, points in analysis["series"].items())

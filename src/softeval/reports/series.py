@@ -11,9 +11,10 @@ from pathlib import Path
 
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.analysis import series_analysis
-from softeval.analysis.series import NOISE_CHECKPOINTS
+from softeval.analysis.series import NOISE_CHECKPOINTS, budget_text
 from softeval.errors import SoftevalError
 from softeval.reports.comparison import points_text
+from softeval.reports.summary import summary_markdown
 from softeval.scoring import SERIES_FILE
 
 log = logging.getLogger("softeval")
@@ -71,13 +72,7 @@ def _estimate(e: dict | None) -> str:
     return f"{e['value']:.2f}{interval}"
 
 
-def _budget(value: float | None, axis: str) -> str:
-    if value is None:
-        return "never"
-    if axis != "tokens":
-        return f"{axis} {value:g}"
-    scale, unit = next(((s, u) for s, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")) if value >= s), (1, ""))
-    return f"{value / scale:.3g}{unit} tokens"
+
 
 
 def target_text(analysis: dict) -> str:
@@ -99,10 +94,10 @@ def decision_rows(found: dict) -> list[list[str]]:
     axis, methods = found["axis"], list(found["decisions"])
     rows = []
     for k, budget in enumerate(b["budget"] for b in found["decisions"][methods[0]]):
-        rows.append([_budget(budget, axis)] + [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods])
-    rows.append(["decides from"] + [_budget(found["earliest"][m], axis) for m in methods])
+        rows.append([budget_text(budget, axis)] + [_estimate(found["decisions"][m][k]["decision_accuracy"]) for m in methods])
+    rows.append(["decides from"] + [budget_text(found["earliest"][m], axis) for m in methods])
     if "earliest_shown" in found:
-        rows.append(["shown from (interval)"] + [_budget(found["earliest_shown"][m], axis) for m in methods])
+        rows.append(["shown from (interval)"] + [budget_text(found["earliest_shown"][m], axis) for m in methods])
     return rows
 
 
@@ -156,7 +151,7 @@ PREDICTORS_TEXT = ("Every predictor, a method read through one metric, ordered b
 
 def predictor_header(found: dict) -> list[str]:
     axis = found["axis"]
-    return ["predictor", *(_budget(b, axis) for b in found["predictors"]["budgets"]), "mean", "decides from", "signal to noise (relative)"]
+    return ["predictor", *(budget_text(b, axis) for b in found["predictors"]["budgets"]), "mean", "decides from", "signal to noise (relative)"]
 
 
 def predictor_rows(found: dict) -> list[list[str]]:
@@ -168,7 +163,7 @@ def predictor_rows(found: dict) -> list[list[str]]:
         p = predictors["results"][name]
         earliest = None if p["earliest"] is None else budgets[p["earliest"]]
         snr = "n/a" if p["signal_to_noise"] is None else f"{p['signal_to_noise']:.2f}"
-        rows.append([name, *(_estimate(b) for b in p["decision_accuracy"]), _estimate(p["mean"]), _budget(earliest, found["axis"]), snr])
+        rows.append([name, *(_estimate(b) for b in p["decision_accuracy"]), _estimate(p["mean"]), budget_text(earliest, found["axis"]), snr])
     return rows
 
 
@@ -203,7 +198,7 @@ NOISE_HEADER = ["method", "recipe", f"noise (sd of the last {NOISE_CHECKPOINTS} 
 def format_gap_lines(found: dict) -> list[str]:
     """Per baseline and recipe, the soft prompt's task accuracy gain at each checkpoint, named by
     its place on the budget axis."""
-    return [f"soft-prompt minus {other}, {name}: " + ", ".join(f"{_budget(x, found['axis'])} {points_text(g)}" for x, g in zip(found["x"][name], per_checkpoint))
+    return [f"soft-prompt minus {other}, {name}: " + ", ".join(f"{budget_text(x, found['axis'])} {points_text(g)}" for x, g in zip(found["x"][name], per_checkpoint))
             for other, gaps in found["format_gap"].items() for name, per_checkpoint in gaps.items()]
 
 
@@ -216,23 +211,26 @@ def analysis_markdown(analysis: dict) -> str:
         f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}, "
         "and is shown to decide from the first budget from which its interval's lower bound does.",
     ]
+    lines += ["", *summary_markdown(analysis)]
     for task, found in analysis["tasks"].items():
         methods = list(found["decisions"])
-        lines += ["", f"## {task} ({found['rows']} rows)", "", "| budget | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        lines += ["", f"## {task} ({found['rows']} rows)", "", f"### {task}: decision accuracy", "",
+                  "| budget | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
         rows, n_budgets = decision_rows(found), budget_count(found)
         lines += ["| " + " | ".join(row) + " |" for row in rows[:n_budgets]]
         lines += [f"| **{row[0]}** | " + " | ".join(row[1:]) + " |" for row in rows[n_budgets:]]
-        lines += ["", "| " + " | ".join(NOISE_HEADER) + " |", "|---|---|---|---|---|"]
+        lines += ["", f"### {task}: noise", "", "| " + " | ".join(NOISE_HEADER) + " |", "|---|---|---|---|---|"]
         lines += ["| " + " | ".join(row) + " |" for row in noise_rows(analysis, found)]
         lines += ["", spread_text(found)]
         if found.get("predictors"):
             header = predictor_header(found)
-            lines += ["", PREDICTORS_TEXT, "", "| " + " | ".join(header) + " |", "|---|" + "---|" * (len(header) - 1)]
+            lines += ["", f"### {task}: predictors", "", PREDICTORS_TEXT, "", "| " + " | ".join(header) + " |", "|---|" + "---|" * (len(header) - 1)]
             lines += ["| " + " | ".join(row) + " |" for row in predictor_rows(found)]
             lines += [""] + [f"* {line}" for line in difference_lines(found)] if found["predictors"]["differences"] else []
         if found.get("truth"):
             metrics = truth_metrics(found)
-            lines += ["", truth_text(found), "", "| method | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+            lines += ["", f"### {task}: true knowledge", "", truth_text(found), "", "| method | " + " | ".join(metrics) + " |",
+                      "|---|" + "---|" * len(metrics)]
             lines += ["| " + " | ".join(row) + " |" for row in truth_rows(found)]
         if found.get("notes"):
             lines += ["", "Why a figure is n/a or means little, or a method never decides:", ""] + [f"* {note}" for note in found["notes"]]
@@ -266,7 +264,7 @@ def curves_figure(found: dict, task: str, metric: str):
             # ticks at 1, 2 and 5 of each power of ten, labelled as budgets are ("200K"): the
             # default labels every minor tick of a short span, and they overlap
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: _budget(value, "tokens").removesuffix(" tokens")))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: budget_text(value, "tokens").removesuffix(" tokens")))
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(method)
         ax.set_xlabel(found["axis"])

@@ -1,0 +1,105 @@
+"""The answer first: what a folder's series analysis found, per task, in a few lines a pre-training
+lead reads before any table.
+
+Per task: what orders the recipes (the target), which predictor decides first and from which
+budget, the soft prompt against the best continuous proxy and against zero- and few-shot, the
+score that best follows what the checkpoints truly know (where a ground truth exists); each
+with its estimate, 95% interval and the table it comes from (`link`: an anchor the reports
+give that table). A figure that rests on ties says so ("5 of 6 recipes tied at 0.00").
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from softeval.analysis.series import budget_text, target_phrase
+
+TIE_SHARE = 0.5  # a statistic rests on ties where at least this share of the recipes share one score
+
+
+def anchor(task: str, table: str) -> str:
+    """The anchor of a task's table in analysis.md and on the page (GitHub's heading slugs)."""
+    return re.sub(r"[^a-z0-9_ -]", "", f"{task}: {table}".lower()).replace(" ", "-")
+
+
+def tied_text(scores: dict[str, float | None], what: str) -> str | None:
+    """"5 of 6 recipes tied at 0.00" where most recipes share one score (`what` names the score)."""
+    known = [round(v, 6) for v in scores.values() if v is not None]
+    if len(known) < 2:
+        return None
+    value, count = Counter(known).most_common(1)[0]
+    if count < 2 or count / len(known) < TIE_SHARE:
+        return None
+    return f"{count} of {len(known)} recipes tied at {value:.2f} in {what}"
+
+
+def task_summary(analysis: dict, task: str) -> dict:
+    """The summary of one task's analysis: `rows` of (question, answer, estimate, note, link)
+    and the `ties` the figures rest on."""
+    found = analysis["tasks"][task]
+    rows = [{"question": "target", "answer": target_phrase(analysis), "estimate": None,
+             "note": ", ".join(f"{name} {value:.2f}" for name, value in found["target_scores"].items()), "link": anchor(task, "decision accuracy")}]
+    ties = [t for t in [tied_text(found["target_scores"], "the target")] if t]
+    predictors = found.get("predictors") or {}
+    best = next((name for name in predictors.get("ranked", []) if predictors["results"][name]["mean"]["value"] is not None), None)
+    if best is not None:
+        result = predictors["results"][best]
+        budgets = predictors["budgets"]
+        if result["earliest"] is None:
+            decides = "decides from no budget"
+        else:
+            there = result["decision_accuracy"][result["earliest"]]
+            interval = f" [{there['ci_low']:.2f}, {there['ci_high']:.2f}]" if there.get("ci_low") is not None else ""
+            decides = f"decides from {budget_text(budgets[result['earliest']], found['axis'])} ({there['value']:.2f}{interval} there)"
+        rows.append({"question": "decides first (mean decision accuracy)", "answer": best, "estimate": result["mean"],
+                     "note": decides, "link": anchor(task, "predictors")})
+    rows += _soft_prompt_rows(task, found, predictors)
+    soft_scores = _last_scores(found, "soft-prompt", analysis["target"].get("metric", "task_accuracy"))
+    if soft_scores:
+        ties += [t for t in [tied_text(soft_scores, "the soft prompt's last checkpoints")] if t]
+    if found.get("truth"):
+        rows.append(_truth_row(task, found["truth"]))
+    return {"task": task, "rows": rows, "ties": ties}
+
+
+def _soft_prompt_rows(task: str, found: dict, predictors: dict) -> list[dict]:
+    """The soft prompt's task accuracy against the best continuous proxy, and against zero- and
+    few-shot task accuracy, in mean decision accuracy (paired intervals)."""
+    rows = []
+    differences = predictors.get("differences", [])
+    proxy = next((d for d in differences if d["best_continuous"]), None)
+    if proxy is not None:
+        verdict = {"better": "decides better", "worse": "decides worse", "no difference shown": "no difference shown"}.get(proxy.get("verdict"), "n/a")
+        rows.append({"question": "soft prompt vs the best continuous proxy", "answer": f"{verdict} ({proxy['second']})", "estimate": proxy["mean"],
+                     "note": f"soft prompt minus it, of {proxy['among']} proxies", "link": anchor(task, "predictors")})
+    against = next((d for d in differences if not d["best_continuous"]), {}).get("against", {})
+    for other in ("zero-shot", "few-shot"):
+        difference = against.get(f"{other} / task_accuracy")
+        if difference is not None:
+            shown = "better" if (difference.get("ci_low") or 0) > 0 else "worse" if (difference.get("ci_high") or 0) < 0 else "no difference shown"
+            rows.append({"question": f"soft prompt vs {other}", "answer": shown, "estimate": difference,
+                         "note": f"soft prompt minus {other}, both by task accuracy", "link": anchor(task, "predictors")})
+    return rows
+
+
+def _truth_row(task: str, truth: dict) -> dict:
+    """The (method, metric) whose scores best order the checkpoints by their true knowledge."""
+    scored = [(metrics[metric]["value"], f"{method} / {metric}", metrics[metric])
+              for method, metrics in truth["agreement"].items() for metric in metrics if metrics[metric]["value"] is not None]
+    if not scored:
+        return {"question": "follows true knowledge best", "answer": "n/a", "estimate": None,
+                "note": "no score varies with the checkpoints", "link": anchor(task, "true knowledge")}
+    _, name, tau = max(scored, key=lambda item: item[0])
+    return {"question": "follows true knowledge best (Kendall tau-b)", "answer": name, "estimate": tau,
+            "note": f"over {truth['checkpoints']} checkpoints", "link": anchor(task, "true knowledge")}
+
+
+def _last_scores(found: dict, method: str, metric: str) -> dict[str, float | None]:
+    curves = (found.get("curves") or {}).get(method, {}).get(metric, {})
+    return {name: points[-1]["value"] for name, points in curves.items() if points}
+
+
+def summary(analysis: dict) -> list[dict]:
+    """Every analysed task's summary (see `task_summary`)."""
+    return [task_summary(analysis, task) for task in analysis["tasks"]]
