@@ -187,6 +187,34 @@ def test_sample_filters_change_the_visible_rows(study_page, browser):
     assert page.errors == []
 
 
+def screenshot_shows_content(page: Path, anchor: str, folder: Path) -> bool:
+    """A plain headless `chromium --screenshot` of the page at `#anchor` holds more than the
+    page's background: a section's headings, tables and charts."""
+    import subprocess
+
+    from PIL import Image
+
+    shot = folder / f"{anchor}.png"
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1280,900",
+                    f"{page.as_uri()}#{anchor}"], capture_output=True, timeout=120, check=True)
+    image = Image.open(shot).convert("RGB")
+    body = image.crop((0, 120, image.width, image.height))  # below the page's header
+    return len(body.getcolors(maxcolors=1 << 16) or range(1 << 16)) > 20
+
+
+def test_a_screenshot_of_each_sections_anchor_shows_that_section(study_page, browser, tmp_path):
+    page = open_page(browser, study_page)
+    sections = [s.get_attribute("id") for s in page.locator("main > section").all()]
+    assert {"summary", "findings", "run", "overview", "ranking", "samples"} <= set(sections)
+    for anchor in sections:
+        assert screenshot_shows_content(study_page, anchor, tmp_path), anchor
+    # a link shows its section alone, at the top; the page without one shows them all
+    page.goto(f"{study_page.as_uri()}#ranking")
+    assert [s.get_attribute("id") for s in page.locator("main > section").all() if s.is_visible()] == ["ranking"]
+    page.goto(f"{study_page.as_uri()}#")
+    assert all(s.is_visible() for s in page.locator("main > section").all())
+
+
 def test_a_conflict_is_its_own_outcome_as_in_the_diagnostics_table():
     def sample(status, format_ok=False, correct=False):
         return SimpleNamespace(task_correct=correct, lenient_status=status, format_ok=format_ok)
@@ -236,6 +264,7 @@ def test_a_series_study_shows_its_checkpoints_section(tmp_path, tokenizer_dirs, 
         first = next((k for k in range(len(clears)) if all(clears[k:])), None)
         assert analysis["earliest_shown"][method] == (None if first is None else analysis["decisions"][method][first]["budget"])
     assert section.locator("svg").count() == 1
+    assert screenshot_shows_content(tmp_path / "out" / "index.html", "series", tmp_path)  # the checkpoints, not a blank stretch
     assert section.locator("ul.why li").all_text_contents() == analysis["notes"]  # why a figure is n/a, as analysis.json says
     for written in ("analysis.json", "analysis.md", "analysis_capitals.png"):  # the study names the analysis's files
         assert f"wrote {tmp_path / 'out' / written}" in result.output

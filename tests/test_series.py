@@ -404,9 +404,19 @@ def test_the_analysis_chart_plots_the_metric_it_decides_on(tmp_path):
     fig = curves_figure(found, "quiz", "knowledge")
     try:
         ax = fig.axes[0]
-        assert ax.get_ylabel() == "quiz knowledge"
+        assert ax.get_ylabel() == "knowledge" and fig.get_suptitle() == "quiz"
         plotted = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
-        assert plotted == {"a": [0.25, 0.5, 0.75], "b": [0.125, 0.25, 0.375]}  # knowledge, not task accuracy (0 throughout)
+        assert plotted == {"a": [0.25, 0.5, 0.75], "b": [0.125, 0.25, 0.375]}  # knowledge first, not task accuracy (0 throughout)
+        # a panel per method and metric, the decided-on metric in the first row
+        assert len(fig.axes) == 2 * 3 and [a.get_ylabel() for a in fig.axes[::2]] == ["knowledge", "task accuracy", "format following"]
+        # the legend lies beside the panels, over none of their data
+        fig.canvas.draw()
+        (legend,) = fig.legends
+        assert not any(legend.get_window_extent().overlaps(a.get_window_extent()) for a in fig.axes)
+        # each recipe one colour in every panel, its band faint enough for the other's to show
+        colours = {line.get_label(): line.get_color() for a in fig.axes for line in a.get_lines()}
+        assert len(colours) == 2 and all(line.get_color() == colours[line.get_label()] for a in fig.axes for line in a.get_lines())
+        assert all(band.get_alpha() <= 0.1 for a in fig.axes for band in a.collections)
     finally:
         plt.close(fig)
     assert (tmp_path / "analysis_quiz.png").is_file()

@@ -241,9 +241,13 @@ def analysis_markdown(analysis: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+CURVE_ORDER = ("task_accuracy", "knowledge", "format_following")
+
+
 def curves_figure(found: dict, task: str, metric: str):
-    """Each recipe's `metric` (the one the analysis decides on) against the budget axis, one panel
-    per method, with 95% bands."""
+    """Each recipe's scores against the budget axis: one panel per method (columns) and metric
+    (rows, the one the analysis decides on first), each recipe one colour throughout, its 95%
+    band light enough that the others show through, and the legend outside every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,26 +255,34 @@ def curves_figure(found: dict, task: str, metric: str):
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     methods = list(found["curves"])
-    fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.2), sharey=True, squeeze=False)
-    for ax, method in zip(axes[0], methods):
-        for name, curve in found["curves"][method][metric].items():
-            xs = found["x"][name]
-            ax.plot(xs, [c["value"] for c in curve], marker="o", label=name)
-            low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
-            high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
-            ax.fill_between(xs, low, high, alpha=0.2)
-        if found["axis"] == "tokens":
-            ax.set_xscale("log")  # checkpoints are often spaced by doubling
-            # ticks at 1, 2 and 5 of each power of ten, labelled as budgets are ("200K"): the
-            # default labels every minor tick of a short span, and they overlap
-            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: budget_text(value, "tokens").removesuffix(" tokens")))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(method)
-        ax.set_xlabel(found["axis"])
-    axes[0][0].set_ylabel(f"{task} {metric.replace('_', ' ')}")
-    axes[0][0].legend()
-    fig.tight_layout()
+    metrics = [metric] + [m for m in CURVE_ORDER if m != metric and m in found["curves"][methods[0]]]
+    recipes = list(found["x"])
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(recipes)}
+    fig, axes = plt.subplots(len(metrics), len(methods), figsize=(3.2 * len(methods) + 1.6, 2.4 * len(metrics)), sharex=True, sharey="row",
+                             squeeze=False, layout="constrained")
+    for row, shown in enumerate(metrics):
+        for ax, method in zip(axes[row], methods):
+            for name, curve in found["curves"][method][shown].items():
+                xs = found["x"][name]
+                ax.plot(xs, [c["value"] for c in curve], marker="o", markersize=3, linewidth=1.2, color=colours[name], label=name)
+                low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
+                high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
+                ax.fill_between(xs, low, high, color=colours[name], alpha=0.08, linewidth=0)
+            if found["axis"] == "tokens":
+                ax.set_xscale("log")  # checkpoints are often spaced by doubling
+                # ticks at 1, 2 and 5 of each power of ten, labelled as budgets are ("200K"): the
+                # default labels every minor tick of a short span, and they overlap
+                ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: budget_text(value, "tokens").removesuffix(" tokens")))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            if row == 0:
+                ax.set_title(method)
+            if row == len(metrics) - 1:
+                ax.set_xlabel(found["axis"])
+        axes[row][0].set_ylabel(shown.replace("_", " "))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", title="recipe", fontsize="small")  # beside the panels, never over their data
+    fig.suptitle(task, fontsize="medium")
     return fig
 
 
