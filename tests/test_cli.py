@@ -270,3 +270,37 @@ def test_on_off_options_show_as_flags_in_help():
     assert "<bool>" not in shown and "BOOLEAN" not in shown
     assert "<int" in shown  # options that take a value still name its type
     assert runner.invoke(app, ["--debug", "models"]).exit_code == 0
+
+
+def test_intervals_read_a_comma_b_everywhere_and_names_wrap_in_the_terminal():
+    """A gold answer's log-probability interval of two negative bounds is written [a, b], not
+    'a-b' run together; a long task name wraps in the terminal's table instead of being cut."""
+    from rich.console import Console
+
+    from softeval.reports.comparison import gold_table, metrics_table
+    from softeval.reports.page import _gold, _metric
+    from softeval.scoring import METRICS, EvalResult, Metric
+
+    negative = Metric(value=-31.5, ci_low=-59.86, ci_high=-18.21)
+    assert _gold("gold_logprob", negative) == {"value": "-31.50", "ci": "[-59.86, -18.21]"}
+    assert _metric(Metric(value=0.5, ci_low=0.25, ci_high=0.75)) == {"value": "50.0", "ci": "[25.0, 75.0]"}
+    name = "lm-eval-mmlu_high_school_government_and_politics-option_text"
+    cell = EvalResult(config={"model": "m", "task": name, "method": "zero-shot", "chat": False}, samples=[], model={}, data={}, timings={},
+                      n_truncated=0, metrics={m: Metric(value=0.5, ci_low=0.4, ci_high=0.6) for m in METRICS} | {"gold_logprob": negative})
+    assert "| m | zero-shot | -31.50 [-59.86, -18.21] |" in gold_table([cell])
+    console = Console(width=100, record=True)
+    console.print(metrics_table([cell]))
+    column = [line.split("│")[2].strip() for line in console.export_text().splitlines() if line.count("│") > 3]
+    assert "".join(column) == name  # the name, wrapped over lines, whole
+
+
+def test_a_result_saved_into_an_output_folder_is_where_report_reads_it(tmp_path, tiny_llama):
+    from softeval import evaluate, load_task
+
+    spec = load_task(write_user_task(tmp_path, ROWS * 3))
+    for method in ("zero-shot", "few-shot"):  # two cells into one folder: neither replaces the other
+        saved = evaluate(tiny_llama, spec, method, k=1, progress=False).save(tmp_path / "out")
+        assert saved == tmp_path / "out" / tiny_llama.name / "capitals" / method
+    result = run("report", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "| zero-shot |" in (tmp_path / "out" / "comparison.md").read_text() and "| few-shot |" in (tmp_path / "out" / "comparison.md").read_text()
