@@ -133,13 +133,17 @@ def test_the_guard_restores_modes_gradients_buffers_and_generators_even_when_the
     modes = {name: m.training for name, m in model.named_modules()}
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     before = (torch.get_rng_state(), random.getstate(), np.random.get_state(legacy=False)["state"]["key"].copy())
-    with pytest.raises(RuntimeError, match="inside"), torch.autocast("cpu", dtype=torch.bfloat16):
+    rotary = model.model.rotary_emb
+    inv_freq = rotary.inv_freq
+    with pytest.raises(RuntimeError, match="inside"), torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
         with training_untouched(model):
             assert not model.training and not any(p.requires_grad for p in model.parameters())
-            assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled() and not torch.is_autocast_enabled("cpu")
             torch.rand(3), random.random(), np.random.rand()
             next(model.buffers()).add_(1.0)
+            rotary.register_buffer("inv_freq", inv_freq * 2, persistent=False)  # as a rotary cache grown for a long prompt is
             raise RuntimeError("inside")
+    assert rotary.inv_freq is inv_freq
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
     assert all(p.grad is grads[name] for name, p in model.named_parameters())
@@ -188,6 +192,12 @@ def test_the_trainer_callback_evaluates_at_each_save_and_leaves_training_bitwise
         (f"trained@step-{s}", m) for s in (3, 6) for m in ("zero-shot", "soft-prompt")}
 
 
+def test_the_trainer_callback_can_evaluate_every_n_steps(tokenizer, task, tmp_path):
+    callback = SoftevalCallback(tasks=[str(task)], output=tmp_path / "out", recipe="trained", methods=["zero-shot"], every=2, **SETTINGS)
+    trainer_run(tokenizer, tmp_path / "run", callback)
+    assert [p["step"] for p in read_series(tmp_path / "out")["trained"]["checkpoints"]] == [2, 4, 6]  # not at the saves (3, 6) alone
+
+
 def test_in_loop_cells_equal_a_study_of_the_saved_checkpoints(tokenizer, task, tmp_path):
     """The same weights score the same: the Trainer's saved checkpoints, evaluated afterwards by a
     study, give the cells the callback computed from the live model."""
@@ -223,6 +233,43 @@ def test_a_failed_cell_is_recorded_in_it_and_training_goes_on(tokenizer, task, t
     with pytest.raises(SoftevalError, match="cannot add LoRA layers"):
         strict.evaluate(model, tokenizer, step=5)
     assert all(p.requires_grad for p in model.parameters())  # left as it came, raised or not
+
+
+def test_an_evaluation_called_in_inference_mode_still_tunes_its_soft_prompt(tokenizer, task, tmp_path):
+    """Lightning saves checkpoints (and calls a callback's on_save_checkpoint) in its validation
+    loop, under torch.inference_mode: a soft prompt is tuned there all the same."""
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="base", methods=["soft-prompt"], raise_errors=True, **SETTINGS)
+    model = fresh_model(tokenizer)
+    with torch.inference_mode():
+        evaluation = evaluator.evaluate(model, tokenizer, step=1)
+    assert [cell.status for cell in evaluation.cells] == ["done"] and not evaluation.failures
+
+
+def test_a_folder_that_cannot_take_the_checkpoint_is_recorded_and_training_goes_on(tokenizer, task, tmp_path):
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="base", methods=["zero-shot"], **SETTINGS)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "series.json").write_text("{cut short")  # damaged after the checks at construction
+    model = fresh_model(tokenizer)
+    evaluation = evaluator.evaluate(model, tokenizer, step=1)
+    assert evaluation.failures and "series.json cannot be read" in evaluation.failures[0] and model.training
+    strict = InLoop([str(task)], output=tmp_path / "strict", recipe="base", methods=["zero-shot"], raise_errors=True, **SETTINGS)
+    (tmp_path / "strict").mkdir()
+    (tmp_path / "strict" / "series.json").write_text("{cut short")
+    with pytest.raises(SoftevalError, match="series.json cannot be read"):
+        strict.evaluate(model, tokenizer, step=1)
+
+
+def test_the_reports_are_written_at_most_every_refresh_interval_and_at_close(tokenizer, task, tmp_path):
+    from softeval.analysis import finished_cells as cells_in
+
+    evaluator = InLoop([str(task)], output=tmp_path / "out", recipe="base", methods=["zero-shot"], refresh_every=3600, **SETTINGS)
+    model = fresh_model(tokenizer)
+    evaluator.evaluate(model, tokenizer, step=1)
+    evaluator.evaluate(model, tokenizer, step=2)
+    compared = lambda: len(json.loads((tmp_path / "out" / "comparison.json").read_text())["cells"])  # noqa: E731
+    assert len(cells_in(tmp_path / "out")) == 2 and compared() == 1  # the second call's cell is on disk, its report behind
+    evaluator.close()
+    assert compared() == 2
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -355,6 +402,16 @@ def test_watch_evaluates_each_checkpoint_once_and_a_half_written_one_only_once_c
     prompt = json.loads((tmp_path / "out" / "run@checkpoint-30" / "capitals" / "soft-prompt" / "results.json").read_text())["config"]["soft_prompt"]
     assert prompt["produced"]["warm_start"]["from"] == "run@checkpoint-20"
     assert [p["step"] for p in read_series(tmp_path / "out")["run"]["checkpoints"]] == [10, 20, 30]
+
+
+def test_watch_waits_for_the_index_of_a_sharded_save_and_skips_a_trainers_staging_folder(tokenizer, tmp_path):
+    from softeval.loop.watch import checkpoint_folders, incomplete_reason
+
+    run = stage_checkpoints(tokenizer, tmp_path / "run", [1])
+    (run / "checkpoint-1" / "model.safetensors").rename(run / "checkpoint-1" / "model-00001-of-00002.safetensors")
+    assert incomplete_reason(run / "checkpoint-1") == "model.safetensors.index.json is not there yet"
+    (run / "tmp-checkpoint-2").mkdir()
+    assert [step for _, step in checkpoint_folders(run)] == [1]
 
 
 def test_watch_records_a_checkpoint_that_fails_to_load_goes_on_and_resumes_after_a_restart(tokenizer, task, tmp_path):

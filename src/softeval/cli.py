@@ -474,6 +474,7 @@ def watch_command(
     poll: Annotated[float, typer.Option(min=0.05, help="Seconds between looks at the run folders.")] = 30.0,
     settle: Annotated[float, typer.Option(min=0, help="Seconds a checkpoint's files must stay unchanged (where its trainer marks no finished save).")] = 10.0,
     once: Annotated[bool, typer.Option(help="Evaluate what is complete now, then stop.")] = False,
+    refresh_every: Annotated[float, typer.Option(min=0, help="Write the analysis, comparison and page at most every S seconds (0: after each checkpoint).")] = 0.0,
     seed: Seed = 0,
     data_dir: DataDir = None,
     wandb: Wandb = None,
@@ -502,7 +503,7 @@ def watch_command(
     stop = threading.Event()  # SIGTERM (a scheduler's stop): the checkpoint under way is finished first
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watched = watch(runs, output=output, settings=settings, data_dir=data_dir, poll=poll, settle=settle, until_step=until_step, once=once,
-                    stop=stop, wandb=wandb, mlflow=mlflow)
+                    stop=stop, wandb=wandb, mlflow=mlflow, refresh_every=refresh_every)
     stdout.print(f"evaluated {len(watched)} checkpoints", highlight=False)
     if (output / "analysis.json").is_file():
         print_analysis_files(output)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,8 +82,11 @@ class CheckpointEvaluator:
     seen is checked here."""
 
     def __init__(self, settings: LoopSettings, output: Path, data_dir, *, source: str, raise_errors: bool = False, progress: bool = False,
-                 quiet: bool = False, wandb: str | None = None, mlflow: str | None = None):
+                 quiet: bool = False, wandb: str | None = None, mlflow: str | None = None, refresh_every: float | None = None):
         self.settings, self.output, self.source = settings, Path(output), source
+        self.refresh_every = settings.refresh_every if refresh_every is None else refresh_every
+        self._refreshed: dict[Path, float] = {}  # each folder's last refresh (monotonic seconds)
+        self._behind: set[Path] = set()  # folders filed into since their last refresh
         self.data_dir = check_data_dir(data_dir)
         self.raise_errors, self.progress, self.quiet = raise_errors, progress, quiet
         self.wandb, self.mlflow = wandb, mlflow
@@ -163,8 +167,17 @@ class CheckpointEvaluator:
             if folder in landed:
                 point = {"model": evaluation.model, "spec": spec, "step": evaluation.step, "tokens": evaluation.tokens}
                 file_checkpoint(folder, evaluation.recipe, point, self.filed_settings(settings, folder), self.source)
-                evaluation.report_seconds += refresh_reports(folder)
+                self._behind.add(folder)
+                if time.monotonic() - self._refreshed.get(folder, -math.inf) >= self.refresh_every:
+                    evaluation.report_seconds += self.refresh(folder)
         evaluation.scores = scores_of(evaluation.cells, self.output / FAST_FOLDER)
+
+    def refresh(self, folder: Path) -> float:
+        """The folder's analysis, comparison and page, written now; returns the seconds it took."""
+        seconds = refresh_reports(folder)
+        self._refreshed[folder] = time.monotonic()
+        self._behind.discard(folder)
+        return seconds
 
     def finish(self, evaluation: Evaluation) -> None:
         """Once its time is known: the trackers, OUTPUT/evaluations.jsonl and the terminal line."""
@@ -198,7 +211,10 @@ class CheckpointEvaluator:
                       f"(≈ {flops_text(evaluation.flops)}; reports {evaluation.report_seconds:.1f} s){failures}", highlight=False, markup=False)
 
     def close(self) -> None:
-        """Finish softeval's own tracker runs (a training run's own tracker run is left to it)."""
+        """Write the reports that are behind their cells, and finish softeval's own tracker runs
+        (a training run's own tracker run is left to it)."""
+        for folder in sorted(self._behind):
+            self.refresh(folder)
         for tracker in self._trackers.values():
             tracker.finish()
         self._trackers = {}

@@ -104,20 +104,38 @@ class InLoop:
         units = self.checkpoints.units(self._full_due(full))
         self.calls += 1
         weights = self._evaluate_share(model, tokenizer, world.share(units), evaluation)
-        if world.rank != 0:
+        try:
+            if world.rank != 0:
+                evaluation.seconds = time.perf_counter() - started
+                report(self.output, self.recipe, step, world.rank, _rank_record(evaluation, weights))
+                return evaluation
+            if world.size > 1:
+                self._gather(evaluation, world, weights)
+            self.checkpoints.file(evaluation, spec=evaluation.model)
             evaluation.seconds = time.perf_counter() - started
-            report(self.output, self.recipe, step, world.rank, _rank_record(evaluation, weights))
-            return evaluation
-        if world.size > 1:
-            self._gather(evaluation, world, weights)
-        self.checkpoints.file(evaluation, spec=evaluation.model)
-        evaluation.seconds = time.perf_counter() - started
-        self.checkpoints.finish(evaluation)
+            self.checkpoints.finish(evaluation)
+        except Exception as exc:  # noqa: BLE001 - a folder that cannot be written stops no training either
+            self._failed(evaluation, exc)
+            evaluation.seconds = time.perf_counter() - started
         return evaluation
 
     def close(self) -> None:
-        """Finish softeval's own tracker runs (a training run's own tracker run is left to it)."""
-        self.checkpoints.close()
+        """Write the reports that are behind their cells (see `refresh_every`), and finish
+        softeval's own tracker runs (a training run's own tracker run is left to it)."""
+        try:
+            self.checkpoints.close()
+        except Exception as exc:  # noqa: BLE001
+            if self.checkpoints.raise_errors:
+                raise
+            log.error("softeval could not write the reports of %s: %s; softeval report %s writes them", self.output, one_line(exc), self.output)
+
+    def _failed(self, evaluation: Evaluation, exc: Exception) -> None:
+        """A failure to file or report a checkpoint whose cells are done: logged and recorded in
+        the evaluation it returns, and training goes on (raised with `raise_errors`)."""
+        if self.checkpoints.raise_errors:
+            raise exc
+        evaluation.failures.append(f"{evaluation.model} (filing): {one_line(exc)}")
+        log.error("softeval could not file %s in %s: %s; training goes on", evaluation.model, self.output, one_line(exc))
 
     def _full_due(self, full: bool | None) -> bool:
         if self.settings.fast is None:
@@ -151,8 +169,8 @@ class InLoop:
         for rank, record in sorted(reports.items()):
             evaluation.cells += [CellReport(Path(folder), status, message) for folder, status, message in record["cells"]]
             evaluation.failures += [f"rank {rank}: {failure}" for failure in record["failures"]]
-            if record.get("flops") is not None and evaluation.flops is not None:
-                evaluation.flops += record["flops"]
+            if record.get("flops") is not None:
+                evaluation.flops = (evaluation.flops or 0.0) + record["flops"]
         for rank in missing:
             message = (f"rank {rank} did not report its cells of {evaluation.model} within {self.settings.rank_timeout:.0f} s; "
                        "they are read once they land (or raise rank_timeout)")
@@ -176,14 +194,18 @@ def unwrapped(model):
 
 
 def _sharded(model) -> bool:
-    """Whether a model's parameters are split over ranks: FSDP's wrapper, or FSDP2's DTensors."""
+    """Whether a model's parameters are split over ranks: FSDP's wrapper, FSDP2's DTensors,
+    DeepSpeed ZeRO-3's partitioned parameters (`ds_id`), or parameters left empty on this rank."""
     if any(type(module).__name__ == "FullyShardedDataParallel" for module in model.modules()):
+        return True
+    parameters = list(model.parameters())
+    if any(hasattr(p, "ds_id") or p.numel() == 0 for p in parameters):
         return True
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch without distributed tensors shards nothing this way
         return False
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(isinstance(p, DTensor) for p in parameters)
 
 
 def _rank_record(evaluation: Evaluation, weights: str | None) -> dict:

@@ -66,8 +66,12 @@ def gather(output: Path, recipe: str, step: int, world: World, timeout: float, w
         for rank in sorted(wanted - set(found)):
             path = folder / f"rank-{rank}.json"
             if path.is_file():
-                record = json.loads(path.read_text(encoding="utf-8"))
-                if record.get("weights_sha256") == weights:
+                try:
+                    record = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):  # written atomically: unreadable means damaged, not half-written
+                    record = {"weights_sha256": weights, "cells": [], "failures": [f"its report {path} cannot be read"]}
+                # a report of these weights; or of none, from a rank that failed before it read them
+                if record.get("weights_sha256") in (weights, "") or not weights:
                     found[rank] = record
         if set(found) == wanted or time.monotonic() >= deadline:
             break

@@ -39,7 +39,13 @@ class LoopSettings(Settings):
     fast: FastSet | None = None
     full_every: int = Field(1, ge=1)  # with a fast set: the full set runs at every full_every-th call
     tokens_per_step: float | None = Field(None, gt=0)  # tokens when the call gives none: step x this
-    rank_timeout: float = Field(1800.0, gt=0)  # distributed: seconds rank 0 waits for the other ranks' cells
+    # distributed: seconds rank 0 waits for the other ranks' cells, beyond its own share (the ranks
+    # that return first wait in training's next collective: keep it well under that group's timeout)
+    rank_timeout: float = Field(300.0, gt=0)
+    # the analysis, comparison and page are written after a call once this many seconds have
+    # passed since they last were (0: after every call; `close()` writes any that are behind);
+    # the cells, the series and evaluations.jsonl are written at every call
+    refresh_every: float = Field(300.0, ge=0)
 
     @model_validator(mode="after")
     def _fast_set_is_a_subset(self) -> LoopSettings:

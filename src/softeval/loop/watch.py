@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import threading
 import time
@@ -41,6 +42,7 @@ log = logging.getLogger("softeval")
 SOURCE = "watch"
 STATE_FILE = "watch.json"
 TRAINER_MARKER = "trainer_state.json"  # transformers' Trainer writes it last into a checkpoint
+SHARD_NAME = re.compile(r"-\d{5}-of-\d{5}\.safetensors$")  # model-00001-of-00003.safetensors
 STALE_AFTER_S = 600.0  # an unfinished checkpoint unchanged this long no longer holds back the later ones
 
 
@@ -81,7 +83,8 @@ class Watcher:
     """Polls run folders and evaluates their checkpoints as they complete (see the module's docstring)."""
 
     def __init__(self, runs: list[str | Path], *, output: str | Path, settings: LoopSettings, data_dir=None, settle: float = 10.0,
-                 until_step: int | None = None, progress: bool = True, wandb: str | None = None, mlflow: str | None = None):
+                 until_step: int | None = None, progress: bool = True, wandb: str | None = None, mlflow: str | None = None,
+                 refresh_every: float = 0.0):
         self.runs = [Path(run) for run in runs]
         if not self.runs:
             raise SoftevalError("softeval watch: give at least one training run's folder")
@@ -94,7 +97,8 @@ class Watcher:
         if twice:
             raise SoftevalError(f"two run folders are named '{twice}': their checkpoints would share names; give runs of different names")
         self.output, self.settings, self.settle, self.until_step = Path(output), settings, settle, until_step
-        self.checkpoints = CheckpointEvaluator(settings, self.output, data_dir, source=SOURCE, progress=progress, wandb=wandb, mlflow=mlflow)
+        self.checkpoints = CheckpointEvaluator(settings, self.output, data_dir, source=SOURCE, progress=progress, wandb=wandb, mlflow=mlflow,
+                                               refresh_every=refresh_every)
         for recipe in self.recipes.values():
             self.checkpoints.check_recipe(recipe)
         self.state = WatchState.load(self.output)
@@ -195,10 +199,12 @@ class Watcher:
 
 def watch(runs: list[str | Path], *, output: str | Path, settings: LoopSettings, data_dir=None, poll: float = 30.0, settle: float = 10.0,
           until_step: int | None = None, once: bool = False, stop: threading.Event | None = None, progress: bool = True,
-          wandb: str | None = None, mlflow: str | None = None) -> list[Evaluation]:
-    """Evaluate the checkpoints of training runs as they land (see `Watcher`); returns what each evaluation did."""
+          wandb: str | None = None, mlflow: str | None = None, refresh_every: float = 0.0) -> list[Evaluation]:
+    """Evaluate the checkpoints of training runs as they land (see `Watcher`); returns what each
+    evaluation did. The reports are written after every checkpoint, or at most every
+    `refresh_every` seconds (and when it stops)."""
     watcher = Watcher(runs, output=output, settings=settings, data_dir=data_dir, settle=settle, until_step=until_step, progress=progress,
-                      wandb=wandb, mlflow=mlflow)
+                      wandb=wandb, mlflow=mlflow, refresh_every=refresh_every)
     return watcher.run(poll=poll, once=once, stop=stop)
 
 
@@ -207,7 +213,8 @@ def watch(runs: list[str | Path], *, output: str | Path, settings: LoopSettings,
 
 def checkpoint_folders(run: Path) -> list[tuple[Path, int]]:
     """The run's checkpoint folders (named with a step) in step order."""
-    found = [(child, checkpoint_step(child.name)) for child in run.iterdir() if child.is_dir() and not child.name.startswith(".")]
+    # a trainer's staging folder (tmp-checkpoint-500, renamed when complete) is not a checkpoint yet
+    found = [(child, checkpoint_step(child.name)) for child in run.iterdir() if child.is_dir() and not child.name.startswith((".", "tmp"))]
     return sorted(((folder, step) for folder, step in found if step is not None), key=lambda item: item[1])
 
 
@@ -233,6 +240,8 @@ def incomplete_reason(folder: Path) -> str | None:
             return f"{index.name} does not parse yet"
     else:
         shards = sorted(f.name for f in folder.glob("*.safetensors"))
+        if any(SHARD_NAME.search(name) for name in shards):  # shards whose index (written last) has not landed
+            return f"{index.name} is not there yet"
     if not shards:
         other = [f.name for f in folder.iterdir() if f.suffix in (".bin", ".pt", ".pth") and not f.name.startswith(TRAINING_STATE)]
         return None if other else "no weight files yet"
