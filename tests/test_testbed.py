@@ -203,6 +203,8 @@ def test_the_testbed_study_opens_with_a_summary_that_answers_from_its_analysis(s
         best = next(name for name in predictors["ranked"] if predictors["results"][name]["mean"]["value"] is not None)
         line = next(row for row in text.splitlines() if row.startswith("| decides first") and f"#{task}-predictors" in row)
         assert f"| {best} | {interval(predictors['results'][best]['mean'])} |" in line
+        lead = next(row for row in text.splitlines() if row.startswith(f"**{task}**: "))  # the same, said in sentences
+        assert f"{best} decides between them first ({interval(predictors['results'][best]['mean'])})" in lead
         proxy = next(d for d in predictors["differences"] if d["best_continuous"])
         line = next(row for row in text.splitlines() if row.startswith("| soft prompt vs the best continuous proxy") and f"#{task}-predictors" in row)
         assert f"({proxy['second']}) | {interval(proxy['mean'])} |" in line

@@ -60,7 +60,29 @@ def task_summary(analysis: dict, task: str) -> dict:
         ties += [t for t in [tied_text(soft_scores, "the soft prompt's last checkpoints")] if t]
     if found.get("truth"):
         rows.append(_truth_row(task, found["truth"]))
-    return {"task": task, "rows": rows, "ties": ties}
+    return {"task": task, "lead": lead(task, rows, ties), "rows": rows, "ties": ties}
+
+
+def lead(task: str, rows: list[dict], ties: list[str]) -> str:
+    """The summary's rows said in a few sentences, each with its interval."""
+    said = {row["question"].split(" (")[0]: row for row in rows}
+    interval = lambda e: f" ({e['value']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}])" if e and e.get("ci_low") is not None else ""  # noqa: E731
+    sentences = [f"On {task}, the recipes are ordered by {said['target']['answer']}."]
+    if "decides first" in said:
+        first = said["decides first"]
+        sentences.append(f"{first['answer']} decides between them first{interval(first['estimate'])}: it {first['note']}.")
+    proxy = said.get("soft prompt vs the best continuous proxy")
+    if proxy:
+        sentences.append({"decides better": f"The soft prompt decides better than the best continuous proxy, {proxy['other']}",
+                          "decides worse": f"The soft prompt decides worse than the best continuous proxy, {proxy['other']}"}.get(
+            proxy["verdict"], f"The soft prompt and the best continuous proxy, {proxy['other']}, show no difference")
+            + f"{interval(proxy['estimate'])}.")
+    truth = said.get("follows true knowledge best")
+    if truth and truth["estimate"]:
+        sentences.append(f"{truth['answer']} follows what the checkpoints truly know best{interval(truth['estimate'])}.")
+    if ties:
+        sentences.append(f"Some of this rests on ties ({'; '.join(ties)}).")
+    return " ".join(sentences)
 
 
 def _soft_prompt_rows(task: str, found: dict, predictors: dict) -> list[dict]:
@@ -72,7 +94,8 @@ def _soft_prompt_rows(task: str, found: dict, predictors: dict) -> list[dict]:
     if proxy is not None:
         verdict = {"better": "decides better", "worse": "decides worse", "no difference shown": "no difference shown"}.get(proxy.get("verdict"), "n/a")
         rows.append({"question": "soft prompt vs the best continuous proxy", "answer": f"{verdict} ({proxy['second']})", "estimate": proxy["mean"],
-                     "note": f"soft prompt minus it, of {proxy['among']} proxies", "link": anchor(task, "predictors")})
+                     "note": f"soft prompt minus it, of {proxy['among']} proxies", "link": anchor(task, "predictors"),
+                     "verdict": verdict, "other": proxy["second"]})
     against = next((d for d in differences if not d["best_continuous"]), {}).get("against", {})
     for other in ("zero-shot", "few-shot"):
         difference = against.get(f"{other} / task_accuracy")

@@ -44,7 +44,7 @@ def summary_markdown(analysis: dict | None, link_to: str = "", findings: list | 
                   "| | verdict | tau difference [95% interval] | |", "|---|---|---|---|"]
         lines += [f"| {row['question']} | {row['answer']} | {estimate_text(row['estimate'])} | {row['note']} |" for row in ranking]
     for task in summary(analysis) if analysis else []:
-        lines += ["", f"**{task['task']}**", "", "| | answer | estimate [95% interval] | |", "|---|---|---|---|"]
+        lines += ["", f"**{task['task']}**: {task['lead']}", "", "| | answer | estimate [95% interval] | |", "|---|---|---|---|"]
         lines += [f"| {row['question']} | {row['answer']} | {estimate_text(row['estimate'])} | {row['note']} ([table]({link_to}#{row['link']})) |"
                   for row in task["rows"]]
         if task["ties"]:
@@ -56,8 +56,7 @@ def summary_tables(analysis: dict) -> list[Table]:
     """The summary for the terminal, a table per task."""
     tables = []
     for task in summary(analysis):
-        caption = ("resting on ties: " + "; ".join(task["ties"])) if task["ties"] else None
-        table = Table(title=f"summary: {task['task']} (95% intervals)", caption=caption)
+        table = Table(title=f"summary: {task['task']} (95% intervals)", caption=task["lead"])
         for header in ("", "answer", "estimate", ""):
             table.add_column(header, overflow="fold")
         for row in task["rows"]:
