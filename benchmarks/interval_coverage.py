@@ -113,6 +113,43 @@ def decision_case(rng: np.random.Generator, recipes: int, rows: int, resamples: 
     return {"truth": truth, "value": value, "boot": boot, "jack": jack}
 
 
+def mean_decision_case(rng: np.random.Generator, recipes: int, rows: int, resamples: int, budgets: int = 3, difference: bool = False) -> dict:
+    """The mean decision accuracy over `budgets` budgets of a predictor (each recipe scored by its
+    checkpoint at the budget, learning as it trains) against a target; with `difference`, that
+    of one predictor minus another's (a noisier reading of the same checkpoints)."""
+    ability = rng.normal(0, 0.6, recipes)
+    growth = np.linspace(0.4, 1.0, budgets)  # each checkpoint's share of the recipe's final ability
+    target_ability = 1.5 * ability + rng.normal(0, 0.3, recipes)
+    difficulty = rng.normal(0, 1.2, rows)
+    population = rng.normal(0, 1.2, 20000)
+
+    def outcomes(scale: float, shift: float, d: np.ndarray) -> np.ndarray:  # (budgets, recipes, rows) of probabilities
+        return expit(scale * (growth[:, None, None] * ability[None, :, None]) - d[None, None, :] - shift)
+
+    readings = [(1.0, 1.0), (0.5, 2.0)] if difference else [(1.0, 1.0)]
+    p_target = expit(target_ability[:, None] - difficulty[None, :])
+    target = (rng.random(p_target.shape) < p_target).astype(float)
+    expected_target = expit(target_ability[:, None] - population[None, :]).mean(axis=1)
+    tables = [(rng.random((budgets, recipes, rows)) < outcomes(scale, shift, difficulty)).astype(float) for scale, shift in readings]
+    expected = [outcomes(scale, shift, population).mean(axis=2) for scale, shift in readings]  # (budgets, recipes)
+
+    def mean_accuracy(scores: np.ndarray, goal: np.ndarray) -> float:  # scores (budgets, recipes)
+        return float(np.nanmean([decision_accuracy(scores[k], goal) if decision_accuracy(scores[k], goal) is not None else np.nan
+                                 for k in range(budgets)]))
+
+    def statistic(means: list[np.ndarray], goal: np.ndarray) -> float:
+        values = [mean_accuracy(m, goal) for m in means]
+        return values[0] - values[1] if difference else values[0]
+
+    truth = statistic(expected, expected_target)
+    value = statistic([t.mean(axis=2) for t in tables], target.mean(axis=1))
+    draws = rng.integers(0, rows, size=(resamples, rows))
+    boot = np.array([statistic([t[:, :, d].mean(axis=2) for t in tables], target[:, d].mean(axis=1)) for d in draws])
+    keep = lambda i: np.arange(rows) != i  # noqa: E731
+    jack = np.array([statistic([t[:, :, keep(i)].mean(axis=2) for t in tables], target[:, keep(i)].mean(axis=1)) for i in range(rows)])
+    return {"truth": truth, "value": value, "boot": boot, "jack": jack}
+
+
 def score(cases: list[dict]) -> dict[str, dict]:
     found = {}
     for rule in RULES:
@@ -142,10 +179,15 @@ def main() -> None:
         "truth tau, continuous score, 30 close checkpoints x 24 rows": lambda: truth_case(rng, 30, 24, args.resamples, spread=0.3, continuous=True),
         "decision accuracy, 6 recipes x 24 rows": lambda: decision_case(rng, 6, 24, args.resamples),
         "decision accuracy, 6 recipes x 160 rows": lambda: decision_case(rng, 6, 160, args.resamples),
+        "mean decision accuracy over 3 budgets, 6 recipes x 24 rows": lambda: mean_decision_case(rng, 6, 24, args.resamples),
+        "mean decision accuracy over 3 budgets, 6 recipes x 160 rows": lambda: mean_decision_case(rng, 6, 160, args.resamples),
+        "difference of two predictors' mean decision accuracy, 6 recipes x 160 rows":
+            lambda: mean_decision_case(rng, 6, 160, args.resamples, difference=True),
     }
     results = {}
     for name, make in scenarios.items():
-        cases = [case for case in (make() for _ in range(args.simulations)) if case["truth"] is not None and case["value"] is not None]
+        cases = [case for case in (make() for _ in range(args.simulations))
+                 if case["truth"] is not None and case["value"] is not None and np.isfinite(case["truth"]) and np.isfinite(case["value"])]
         results[name] = score(cases)
         print(f"{name} ({len(cases)} simulations):")
         for rule, figures in results[name].items():

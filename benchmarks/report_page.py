@@ -270,7 +270,7 @@ def build_folder(folder: Path, n_samples: int, n_models: int, n_methods: int, se
             tuning={"trainable_parameters": 20 * 512 if method == "soft-prompt" else n_parameters // 100,
                     "tuning_seconds": 60.0 + rng.random() * 600, "steps": 200} if tuned else None,
         )
-        result.save(folder / model / task / method)
+        result.write(folder / model / task / method)
     return len(cells)
 
 

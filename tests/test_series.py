@@ -585,7 +585,7 @@ def test_training_runs_given_on_the_command_line_are_series_analysed_without_a_s
             shutil.copytree(family_dirs[family][role], tmp_path / run / f"checkpoint-{step}")
     task = write_user_task(tmp_path, STUDY_ROWS)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "alpha-run"), "--model", str(tmp_path / "beta-run"), "--task", str(task),
+    result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "alpha-run"), "--model", str(tmp_path / "beta-run" / "checkpoint-*"), "--task", str(task),
                                       "--method", "zero-shot,few-shot", "--k", "2", "--limit", "8", "--output", str(out)])
     assert result.exit_code == 0, result.output
     series = json.loads((out / "series.json").read_text())
@@ -613,5 +613,36 @@ def test_a_summary_says_when_a_figure_rests_on_ties(tmp_path):
     assert tied_text(scores, "the soft prompt's last checkpoints") == "5 of 6 recipes tied at 0.00 in the soft prompt's last checkpoints"
     assert tied_text({"a": 0.1, "b": 0.2, "c": 0.2, "d": 0.5, "e": 0.6}, "the target") is None  # two of five: no statistic rests on them
     _tied_folder(tmp_path)  # every target's task accuracy is 0
-    analyze(tmp_path, target_metric="task_accuracy")
+    assert "method_why" not in analyze(tmp_path, target_metric="task_accuracy")["target"]  # the references: no method falls back
     assert "Resting on ties: 2 of 2 recipes tied at 0.00 in the target" in (tmp_path / "analysis.md").read_text()
+
+
+def _summary_analysis(kind: str = "reference", target_flags: dict | None = None, verdict: str = "worse") -> dict:
+    """An analysis of one task whose soft prompt decides worse than a proxy other than the best one."""
+    estimate = lambda v, lo, hi: {"value": v, "ci_low": lo, "ci_high": hi}  # noqa: E731
+    results = {name: {"mean": estimate(mean, mean - 0.1, mean + 0.1), "decision_accuracy": [estimate(mean, mean - 0.1, mean + 0.1)], "earliest": 0}
+               for name, mean in (("soft-prompt / task_accuracy", 0.9), ("zero-shot / gold_prob", 0.8), ("few-shot / gold_bpb", 0.7))}
+    proxy = {"first": "soft-prompt / task_accuracy", "second": "zero-shot / gold_prob", "among": 2, "best_continuous": True,
+             "mean": estimate(-0.1, -0.3, 0.05), "verdict": verdict, "decided_by": "few-shot / gold_bpb" if verdict == "worse" else None,
+             "against": {"zero-shot / gold_prob": estimate(-0.1, -0.3, 0.05), "few-shot / gold_bpb": estimate(-0.2, -0.3, -0.1)}}
+    found = {"rows": 24, "axis": "tokens", "target_scores": {"a": 0.5, "b": 0.25}, "target_flags": target_flags or {}, "curves": {},
+             "predictors": {"results": results, "ranked": list(results), "differences": [proxy], "budgets": [1e6]}}
+    return {"target": {"kind": kind, "metric": "task_accuracy", "method": "soft-prompt"}, "references": {"a": {"method": "zero-shot", "chat": True}},
+            "tasks": {"quiz": found}}
+
+
+def test_the_summary_reads_verdicts_as_the_findings_do():
+    from softeval.analysis.summary import task_summary
+
+    rows = {row["question"]: row for row in task_summary(_summary_analysis(), "quiz")["rows"]}
+    # decides worse: against the proxy the verdict rests on, with that comparison's own interval
+    worse = rows["soft prompt vs the best continuous proxy"]
+    assert worse["answer"] == "decides worse (few-shot / gold_bpb)" and worse["estimate"]["ci_high"] == -0.1
+    # against the last checkpoints' own soft-prompt score, the soft prompt grades itself: undetermined,
+    # and it is left out of "decides first"
+    last = {row["question"]: row for row in task_summary(_summary_analysis(kind="last"), "quiz")["rows"]}
+    assert last["soft prompt vs the best continuous proxy"]["answer"].startswith("undetermined")
+    assert last["decides first (mean decision accuracy)"]["answer"] == "zero-shot / gold_prob"
+    assert "left out" in last["decides first (mean decision accuracy)"]["note"]
+    flagged = task_summary(_summary_analysis(target_flags={"b-ref": ["at chance (25%)"]}), "quiz")
+    assert "undetermined" in flagged["lead"] and "the target's cells are flagged (b-ref: at chance (25%))" in flagged["lead"]

@@ -230,17 +230,18 @@ def finish(output: Path, reports) -> None:
     skipped = sum(r.status == "skipped" for r in reports)
     if skipped:
         console.print(f"{skipped} of {len(reports)} cells were finished already (same identity) and were kept; --force redoes them", highlight=False)
-    stdout.print(metrics_table(results, among=cells))
-    if (output / "analysis.json").is_file():  # the answer first: what the folder's series say
-        from softeval.reports.summary import summary_tables
+    from softeval.analysis import Finding
+    from softeval.reports.findings import counts_table, findings_table
+    from softeval.reports.summary import summary_tables
 
-        for table in summary_tables(json.loads((output / "analysis.json").read_text(encoding="utf-8"))):
-            stdout.print(table)
-    if (output / "comparison.json").is_file():  # the findings of every finished cell in the folder
-        from softeval.analysis import Finding
-        from softeval.reports.findings import counts_table, findings_table
-
+    saved = []  # the findings of every finished cell in the folder
+    if (output / "comparison.json").is_file():
         saved = [Finding(**f) for f in json.loads((output / "comparison.json").read_text(encoding="utf-8")).get("findings", [])]
+    analysis = json.loads((output / "analysis.json").read_text(encoding="utf-8")) if (output / "analysis.json").is_file() else None
+    for table in summary_tables(analysis, saved):  # the answer first: the ranking's verdicts, what the series say
+        stdout.print(table)
+    stdout.print(metrics_table(results, among=cells))
+    if saved:
         stdout.print(findings_table(saved))
         if any(f.model is not None for f in saved):
             stdout.print(counts_table(saved))

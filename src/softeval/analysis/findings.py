@@ -509,8 +509,8 @@ def _decision_findings(folder: Path, raw_flags: dict) -> list[Finding]:
                                     "predictor of the same method grades itself; declare each recipe's reference model"))
             continue
         verdict = _among_verdict(proxy)
-        metric = analysis["target"].get("metric", "task_accuracy")
-        flags = {key: undermining(found, metric) for key, found in raw_flags.items()}
+        # the soft prompt's checkpoint cells are read by their task accuracy, whatever the target's metric
+        flags = {key: undermining(found) for key, found in raw_flags.items()}
         verdict["reason"] += _flagged_checkpoints(analysis["series"], task, "soft-prompt", flags)
         findings.append(Finding(**finding, **verdict))
     return findings

@@ -239,7 +239,9 @@ def series_analysis(
     folder = Path(folder)
     recorded = read_series(folder)
     if len(recorded) < 2:
-        raise SoftevalError(f"{folder / SERIES_FILE} holds {len(recorded)} series; comparing recipes needs at least 2")
+        held = f" ({', '.join(recorded)})" if recorded else ""
+        raise SoftevalError(f"{folder / SERIES_FILE} holds {len(recorded)} series{held}; comparing recipes needs at least 2: evaluate another "
+                            "run's checkpoints into the folder (--model RUN_FOLDER, or series: in a study file)")
     references = {name: s["reference"] for name, s in recorded.items()}
     chosen = target is not None  # else re-chosen by each analysis, as references are declared
     target = target or ("reference" if all(references.values()) else "last")
@@ -249,7 +251,9 @@ def series_analysis(
     series = {name: s["checkpoints"] for name, s in recorded.items()}
     cells = {cell_key(r): r for r in finished_cells(folder)}
     method_chosen = target_method is not None
-    target_method, why = (target_method, None) if method_chosen else default_target_method(series, cells)
+    # the last checkpoints' method: chosen, or the soft prompt's, else the first method present
+    target_method, why = (target_method, None) if method_chosen or target == "reference" else default_target_method(series, cells)
+    target_method = target_method or "soft-prompt"
     settings = {"kind": target, "chosen": chosen, "metric": target_metric, "method": target_method, "method_chosen": method_chosen}
     if why:
         settings["method_why"] = why

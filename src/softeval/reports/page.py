@@ -316,6 +316,7 @@ def series_view(folder: Path) -> dict | None:
     """The folder's series analysis (OUTPUT/analysis.json), where there is one: per task, decision
     accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
     from softeval.reports.series import (
+        DECISION_INTERVALS,
         FORMAT_GAP_TEXT,
         NOISE_HEADER,
         PREDICTORS_TEXT,
@@ -353,7 +354,7 @@ def series_view(folder: Path) -> dict | None:
         for task, found in analysis["tasks"].items()
     ]
     recipes = ", ".join(f"{name} ({len(points)} checkpoints)" for name, points in analysis["series"].items())
-    return {"recipes": recipes, "target": target_text(analysis), "threshold": analysis["threshold"], "tasks": tasks,
+    return {"recipes": recipes, "target": target_text(analysis), "threshold": analysis["threshold"], "tasks": tasks, "decision_intervals": DECISION_INTERVALS,
             "skipped": list(analysis.get("skipped", {}).items())}
 
 

@@ -190,6 +190,10 @@ def difference_lines(found: dict) -> list[str]:
     return lines
 
 
+# what a decision accuracy's interval is, and is not (the coverage simulation in docs/studies.md#intervals)
+DECISION_INTERVALS = ("A decision accuracy's interval is the spread of its estimate over resampled rows, not 95% coverage of the value "
+                      "more rows would give: noise pulls a decision accuracy towards 0.5, and at these sizes the estimate lies below "
+                      "that value by more than the resamples spread (docs/studies.md, Intervals).")
 FORMAT_GAP_TEXT = "Format gap in task accuracy per checkpoint (the soft prompt minus the baseline, in percentage points, 95% intervals):"
 NOISE_HEADER = ["method", "recipe", f"noise (sd of the last {NOISE_CHECKPOINTS} checkpoints)", "monotonicity (Kendall tau of score and step)",
                 "outlier checkpoints"]
@@ -209,7 +213,7 @@ def analysis_markdown(analysis: dict) -> str:
         f"Recipes: {', '.join(f'{n} ({len(p)} checkpoints)' for n, p in analysis['series'].items())}. Target: {target_text(analysis)}. "
         "Decision accuracy: the share of recipe pairs a budget's scores order as the target does (95% intervals resample "
         f"benchmark rows); a method decides from the first budget from which it stays at or above {analysis['threshold']:g}, "
-        "and is shown to decide from the first budget from which its interval's lower bound does.",
+        "and is shown to decide from the first budget from which its interval's lower bound does. " + DECISION_INTERVALS,
     ]
     lines += ["", *summary_markdown(analysis)]
     for task, found in analysis["tasks"].items():

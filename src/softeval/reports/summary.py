@@ -11,7 +11,8 @@ from softeval.analysis.summary import summary
 SUMMARY_TEXT = ("What the checkpoints say, per task: the target that orders the recipes, the predictor that decides between them "
                 "first, the soft prompt against the best continuous proxy and against zero- and few-shot (in mean decision "
                 "accuracy over the budgets), and the score that best follows what the checkpoints truly know; 95% intervals "
-                "resample benchmark rows.")
+                "resample benchmark rows (a decision accuracy's is the spread of its estimate, not coverage of its value at "
+                "more rows: docs/studies.md, Intervals).")
 
 
 def estimate_text(e: dict | None) -> str:
@@ -52,10 +53,18 @@ def summary_markdown(analysis: dict | None, link_to: str = "", findings: list | 
     return lines + [""]
 
 
-def summary_tables(analysis: dict) -> list[Table]:
-    """The summary for the terminal, a table per task."""
+def summary_tables(analysis: dict | None, findings: list | None = None) -> list[Table]:
+    """The summary for the terminal: the ranking's verdicts, then a table per analysed task."""
     tables = []
-    for task in summary(analysis):
+    ranking = ranking_rows(findings or [])
+    if ranking:
+        table = Table(title="summary: the ranking (95% intervals)")
+        for header in ("", "verdict", "tau difference", ""):
+            table.add_column(header, overflow="fold")
+        for row in ranking:
+            table.add_row(row["question"], row["answer"], estimate_text(row["estimate"]), row["note"])
+        tables.append(table)
+    for task in summary(analysis) if analysis and analysis.get("tasks") else []:
         table = Table(title=f"summary: {task['task']} (95% intervals)", caption=task["lead"])
         for header in ("", "answer", "estimate", ""):
             table.add_column(header, overflow="fold")
