@@ -89,7 +89,7 @@ def test_the_page_shows_each_tuning_chart_as_drawn_when_it_ended_and_redraws_an_
     tuned = sorted(study_page.parent.glob("*/*/prompt/curve.json"))[0].parent
     copy = tmp_path / "out" / tuned.relative_to(study_page.parent)
     shutil.copytree(tuned, copy)
-    shown = lambda: base64.b64decode(tuning_curves(tmp_path / "out")[0]["src"].split(",", 1)[1]).decode()  # noqa: E731
+    shown = lambda: base64.b64decode(tuning_curves(tmp_path / "out")[0][0]["src"].split(",", 1)[1]).decode()  # noqa: E731
     assert shown() == (copy / "curve.svg").read_text()
     # a curve.json written after its chart: the page draws the curve it holds now
     points = json.loads((copy / "curve.json").read_text())

@@ -4,6 +4,7 @@ helpful shape errors, and interval coverage by simulation."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -391,3 +392,19 @@ def test_a_tail_share_counts_defined_resamples_on_its_side():
     # none at or below 0: the normal tail below 0, at most 1 / (B + 1)
     tail = tail_share(np.array([0.1, 0.2, 0.3, 0.3]), 0.0, above=False)
     assert 0 < tail < 1 / 5
+
+
+def test_kendall_tau_b_by_sorting_counts_the_pairs_every_pair_comparison_counts():
+    """Hundreds of checkpoints: tau-b counts pairs by sorting, and must give the value the pair by
+    pair count gives, bit for bit, ties in x, in y and in both included, and scipy's."""
+    rng = np.random.default_rng(2)
+    for n in (2, 3, 63, 64, 150):
+        for levels in (1, 2, 7, 10**7):  # one level: every value tied
+            x, y = rng.integers(0, levels, size=(2, 30, n)) / levels
+            by_pairs, by_sorting = stats._pair_counts(x, y), stats._sorted_counts(x, y)
+            assert all(np.array_equal(a, b) for a, b in zip(by_pairs, by_sorting)), (n, levels)
+            tau = stats.kendall_tau_b(x, y)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = np.array([kendalltau(a, b).statistic for a, b in zip(x, y)])
+            np.testing.assert_allclose(tau, expected, rtol=0, atol=1e-12)

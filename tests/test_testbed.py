@@ -57,6 +57,30 @@ def test_pre_training_is_deterministic(tmp_path):
     assert saved[0] == saved[1]
 
 
+def test_pre_training_gives_the_same_weights_whatever_the_threads_of_the_process(tmp_path, monkeypatch):
+    """Training runs on one thread, so a recipe trained in a process of many threads (a study's,
+    an 8-core machine's) or of one (a build's worker) saves the same bytes; the thread count the
+    process had is back afterwards."""
+    import torch
+
+    from softeval.testbed.corpus import train_tokenizer
+    from softeval.testbed.training import Recipe, pretrain
+
+    world = make_world(0, 48, SPLITS)
+    recipe = Recipe("r", hidden=64, steps=4, templates=2, checkpoints=1)
+    saved = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 4):
+            torch.set_num_threads(threads)
+            folders = pretrain(recipe, world, train_tokenizer(world, [], 512), [], tmp_path / str(threads), seed=3)
+            assert torch.get_num_threads() == threads
+            saved.append((folders[-1] / "model.safetensors").read_bytes())
+    finally:
+        torch.set_num_threads(before)
+    assert saved[0] == saved[1]
+
+
 def test_post_training_asks_each_task_as_its_prompt_does_about_people_neither_tested_nor_validating(tmp_path):
     from softeval.tasks import load_task
     from softeval.testbed.tasks import write_tasks
@@ -164,7 +188,8 @@ def test_no_estimate_of_the_testbed_study_lies_outside_its_interval(studied):
 
 def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of_their_checkpoints(testbed, studied, mirror, tmp_path):
     """`softeval testbed --recipes base,short --in-loop OUT`: the two recipes train to the same
-    checkpoints, byte for byte, as in the whole testbed built without evaluations, and every cell
+    checkpoints, byte for byte, as in the whole testbed built without evaluations (there, each
+    recipe trained in a worker process of its own; here, in this one between evaluations), and every cell
     evaluated inside their loop (and of their references afterwards) equals the study's of the
     saved models; the folder's analysis orders them by their references, as the study's does."""
     from softeval.analysis import finished_cells

@@ -69,24 +69,55 @@ def cell_flags(results: list, among: list | None = None) -> dict[int, list[str]]
 # unreadable results files already told of (path and time written): the comparison, the ranking
 # and the page each read every cell, and one warning is enough
 _unreadable_told: set[tuple[Path, int]] = set()
+# the cells of the folders read last, by results.json: the files' identity when read, and the cell
+# (its samples left on disk, its rows' columns read once). The analysis, the comparison and the
+# page read the same folder one after the other, and an evaluator that refreshes them after each
+# checkpoint reads its folder again and again: only a cell that is new or changed is read anew.
+_read: dict[Path, dict[Path, tuple[tuple, EvalResult]]] = {}
+_FOLDERS_KEPT = 4
 
 
 def finished_cells(folder: Path) -> list[EvalResult]:
     """Every finished cell under `folder` (OUTPUT/<model>/<task>/<cell>/results.json), ordered
-    by task, model, method and chat mode; a cell that cannot be read is left out with a warning."""
-    results = []
+    by task, model, method and chat mode; a cell that cannot be read is left out with a warning.
+    The cells' samples stay on disk (`EvalResult.load(lazy=True)`): the analysis reads the rows'
+    columns (`EvalResult.rows`)."""
+    key = Path(folder).resolve()
+    before = _read.pop(key, {})
+    now: dict[Path, tuple[tuple, EvalResult]] = {}
     for path in sorted(Path(folder).glob("*/*/*/results.json")):
         try:
-            results.append(EvalResult.load(path.parent))
+            identity = _identity(path)
+            if path in before and before[path][0] == identity:
+                now[path] = before[path]
+            else:
+                cell = EvalResult.load(path.parent, lazy=True)
+                cell.files = identity
+                _ = cell.rows  # read now: a damaged samples.jsonl leaves the cell out here, not halfway through a report
+                now[path] = (identity, cell)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            seen = (path.resolve(), path.stat().st_mtime_ns)
+            seen = (path.resolve(), path.stat().st_mtime_ns if path.exists() else 0)
             if seen not in _unreadable_told:
                 _unreadable_told.add(seen)
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
                 log.warning("left out of the comparison: %s cannot be read (%s); rerun the command that made it to evaluate it again",
                             path.parent, reason)
+    _read[key] = now
+    while len(_read) > _FOLDERS_KEPT:
+        del _read[next(iter(_read))]
+    kept = {(cell.folder, cell.files) for cells in _read.values() for _, cell in cells.values()}
+    for done in [k for k in _paired_done if (k[0], k[1]) not in kept or (k[2], k[3]) not in kept]:
+        del _paired_done[done]
+    results = [cell for _, cell in now.values()]
     rank = {m: i for i, m in enumerate(METHODS)}
     return sorted(results, key=lambda r: (r.config["task"], r.config["model"], rank.get(r.config["method"], 99), bool(r.config.get("chat"))))
+
+
+def _identity(results: Path) -> tuple:
+    """The size and modification time of a cell's results.json and samples.jsonl: a cell written
+    again (rerun, rejudged) differs in them."""
+    stats = [results.stat(), (results.parent / "samples.jsonl").stat()]
+    return tuple((s.st_size, s.st_mtime_ns, s.st_ino) for s in stats)
 
 
 def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict]:
@@ -102,18 +133,34 @@ def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict
             if evaluated_on(result) != evaluated_on(other):
                 log.warning("no paired comparison of %s and %s on %s: other versions of the task or its data", method, baseline, task)
                 continue
-            a = {s.index: s for s in result.samples}
-            b = {s.index: s for s in other.samples}
-            rows = sorted(a.keys() & b.keys())
-            if len(rows) < 2:
-                continue
-            entry = {"model": cell_key(result)[0], "task": task, "chat": chat, "method": method, "baseline": baseline, "n": len(rows)}
-            for metric, field in PAIRED_METRICS.items():
-                x = np.array([getattr(a[i], field) for i in rows], dtype=float)
-                y = np.array([getattr(b[i], field) for i in rows], dtype=float)
-                entry[metric] = paired_difference(x, y, seed=seed).model_dump()
-            comparisons.append(entry)
+            entry = _paired(result, other, seed)
+            if entry is not None:  # copied: a reader's change to one stays out of the kept figures
+                copied = {k: dict(v) if isinstance(v, dict) else v for k, v in entry.items()}
+                comparisons.append({"model": cell_key(result)[0], "task": task, "chat": chat, "method": method, "baseline": baseline} | copied)
     return comparisons
+
+
+# paired differences already computed, by both cells' folders and files (see `EvalResult.files`):
+# the comparison and the page of one folder compare the same pairs, and a folder refreshed after
+# each checkpoint compares its older pairs again
+_paired_done: dict[tuple, dict | None] = {}
+
+
+def _paired(result: EvalResult, other: EvalResult, seed: int) -> dict | None:
+    """The rows both cells evaluated (n) and the paired difference on them of each paired metric;
+    None below 2 rows."""
+    key = (result.folder, result.files, other.folder, other.files, seed) if result.files and other.files else None
+    if key is not None and key in _paired_done:
+        return _paired_done[key]
+    a, b = result.rows, other.rows
+    rows = np.intersect1d(a.index, b.index)
+    entry = None
+    if len(rows) >= 2:
+        entry = {"n": len(rows)} | {metric: paired_difference(a.values(field, rows), b.values(field, rows), seed=seed).model_dump()
+                                    for metric, field in PAIRED_METRICS.items()}
+    if key is not None:
+        _paired_done[key] = entry
+    return entry
 
 
 def cell_key(result: EvalResult) -> tuple[str, str, str, bool]:
@@ -138,16 +185,14 @@ def common_rows(results: list[EvalResult]) -> list[int]:
             f"the cells of task {task} were evaluated on different versions of its spec or data; "
             "rerun the older cells (softeval ... --force) so they compare the same questions"
         )
-    return sorted(set.intersection(*({s.index for s in r.samples} for r in results)))
+    return sorted(set.intersection(*(set(r.rows.index.tolist()) for r in results)))
 
 
 def outcome_table(results: list[EvalResult], rows: list[int], field: str) -> np.ndarray:
     """(cells, rows) per-row outcomes (`field` of each sample), columns in `rows` order."""
-    table = []
-    for result in results:
-        by_index = {s.index: s for s in result.samples}
-        table.append([float(getattr(by_index[i], field)) for i in rows])
-    return np.array(table)
+    if not results:
+        return np.empty((0, len(rows)))
+    return np.stack([result.rows.values(field, rows) for result in results])
 
 
 def tuned_agreement(cells: dict, *, n_resamples: int = 2000, seed: int = 0) -> dict | None:

@@ -27,8 +27,17 @@ from pydantic import BaseModel
 from scipy.stats import kendalltau
 
 from softeval.analysis.comparisons import cell_flags, cell_key, common_rows, finished_cells, outcome_table, undermining
-from softeval.analysis.decisions import compare_decisions, decision_difference
-from softeval.analysis.stats import CONFIDENCE, Estimate, kendall_tau_b, paired_difference, quantile_interval, resampled_p_value, scipy_point
+from softeval.analysis.decisions import compare_decisions, decision_accuracies, decision_difference
+from softeval.analysis.stats import (
+    CONFIDENCE,
+    Estimate,
+    kendall_tau_b,
+    paired_difference,
+    quantile_interval,
+    resampled_means,
+    resampled_p_value,
+    scipy_point,
+)
 from softeval.errors import SoftevalError
 from softeval.scoring import GOLD_METRICS, LOWER_IS_BETTER, SERIES_FILE, TRUTH_FILE
 from softeval.tuning import METHODS
@@ -84,16 +93,12 @@ def decisions(
 ) -> list[Budget]:
     """Decision accuracy at every budget, with its interval. `outcomes[r]` is recipe r's
     (checkpoints, rows) table; `target` the (recipes, rows) table the order should match."""
-    rng = np.random.default_rng(seed)
-    n_rows = target.shape[1]
-    draws = rng.integers(0, n_rows, size=(n_resamples, n_rows))
-    target_means, target_boot = target.mean(axis=1), target[:, draws].mean(axis=2)  # (recipes,), (recipes, resamples)
+    target_means, target_boot = target.mean(axis=1), resampled_means(target, n_resamples, seed)  # (recipes,), (recipes, resamples)
     result = []
     for budget, latest in budgets(tokens):
         chosen = np.stack([outcomes[r][k] for r, k in enumerate(latest)])  # (recipes, rows)
         value = decision_accuracy(chosen.mean(axis=1), target_means)
-        boot = chosen[:, draws].mean(axis=2)
-        resampled = np.array([decision_accuracy(boot[:, b], target_boot[:, b]) for b in range(n_resamples)], dtype=float)
+        resampled = decision_accuracies(resampled_means(chosen, n_resamples, seed), target_boot)  # (resamples,), nan where undefined
         result.append(Budget(budget=budget, checkpoints=latest, decision_accuracy=quantile_interval(value, resampled)))
     return result
 
@@ -130,10 +135,8 @@ def outliers(outcomes: np.ndarray, tokens: Sequence[float], *, n_resamples: int 
     level corrected for the number of checkpoints tested (Bonferroni). A wrongly uploaded
     checkpoint shows so. An outlier would make its neighbours look like outliers too, so the
     worst one is flagged and left out of its neighbours' trend, and so on."""
-    rng = np.random.default_rng(seed)
     scores = outcomes.mean(axis=1)
-    draws = rng.integers(0, outcomes.shape[1], size=(n_resamples, outcomes.shape[1]))
-    boot = outcomes[:, draws].mean(axis=2)  # (checkpoints, resamples)
+    boot = resampled_means(outcomes, n_resamples, seed)  # (checkpoints, resamples)
     where = np.log(np.asarray(tokens, dtype=float)) if all(t > 0 for t in tokens) else np.asarray(tokens, dtype=float)
     alpha = (1 - CONFIDENCE) / max(1, len(scores) - 2)
     kept, found = list(range(len(scores))), []
@@ -177,10 +180,8 @@ def oriented_table(results: list, rows: list[int], metric: str) -> np.ndarray | 
     """(cells, rows) values of a predictor metric, negated where lower is better; None where a
     cell lacks it on some row (a cell evaluated before the metric existed, or a task without it)."""
     field = PREDICTOR_METRICS[metric]
-    for result in results:
-        by_index = {s.index: s for s in result.samples}
-        if any(getattr(by_index[i], field, None) is None for i in rows):
-            return None
+    if not all(result.rows.has(field, rows) for result in results):
+        return None
     table = outcome_table(results, rows, field)
     return -table if metric in LOWER_IS_BETTER else table
 
@@ -409,9 +410,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
     keyed = {m: [cells[(p, task, m, False)] for p in points] for m in methods}
     rows = common_rows([c for group in keyed.values() for c in group])
     known = np.array([[truth["models"][p][i] for i in rows] for p in points], dtype=float)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(rows), size=(n_resamples, len(rows)))
-    known_boot = known[:, draws].mean(axis=2)  # (checkpoints, resamples)
+    known_boot = resampled_means(known, n_resamples, seed)  # (checkpoints, resamples)
     agreement = {}
     for method, group in keyed.items():
         agreement[method] = {}
@@ -419,7 +418,7 @@ def truth_agreement(series: dict, cells: dict, task: str, methods: list[str], tr
             table = outcome_table(group, rows, CURVE_METRICS[metric]) if metric in CURVE_METRICS else oriented_table(group, rows, metric)
             if table is None:
                 continue
-            boot = table[:, draws].mean(axis=2)
+            boot = resampled_means(table, n_resamples, seed)
             value = scipy_point(kendalltau, table.mean(axis=1), known.mean(axis=1), variant="b")  # None where either side is constant
             resampled = kendall_tau_b(boot.T, known_boot.T)  # nan where either side is constant
             agreement[method][metric] = quantile_interval(value, resampled).model_dump() | {"p_value": resampled_p_value(value, resampled, TRUE_KNOWLEDGE_TAU)}
@@ -510,7 +509,5 @@ def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, thresh
 
 def _curve(table: np.ndarray, n_resamples: int, seed: int) -> list[dict]:
     """Each checkpoint's score with its 95% interval (rows resampled)."""
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, table.shape[1], size=(n_resamples, table.shape[1]))
-    boot = table[:, draws].mean(axis=2)
+    boot = resampled_means(table, n_resamples, seed)
     return [quantile_interval(float(table[k].mean()), boot[k]).model_dump() for k in range(len(table))]

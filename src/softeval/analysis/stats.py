@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import numpy as np
 from pydantic import BaseModel
@@ -101,7 +102,7 @@ def paired_difference(a, b, *, n_resamples: int = 2000, seed: int = 0) -> Paired
     value = float(diff.mean())
     if diff.size < 2:  # a single row has no spread to resample
         return PairedDifference(value=value, ci_low=None, ci_high=None, excludes_zero=False, n=diff.size)
-    (boot,) = _resampled_means([diff[None, :]], n_resamples, np.random.default_rng(seed))
+    boot = resampled_means(diff[None, :], n_resamples, seed)  # the draws of default_rng(seed), counted once per size
     estimate = _estimate(value, boot[0])
     excludes_zero = estimate.ci_low is not None and (estimate.ci_low > 0 or estimate.ci_high < 0)
     detectable, rows_needed = paired_power(diff)
@@ -338,6 +339,25 @@ def row_counts(draws: np.ndarray) -> np.ndarray:
     return np.bincount(flat, minlength=size * n_rows).reshape(size, n_rows)
 
 
+@lru_cache(maxsize=16)
+def resample_counts(n_rows: int, n_resamples: int, seed: int) -> np.ndarray:
+    """(rows, resamples), read-only: how often each resample of `n_rows` rows takes each row, the
+    draws those of `default_rng(seed).integers(0, n_rows, (n_resamples, n_rows))`. A table's
+    resampled means are then one matrix product, `table @ counts / n_rows`, instead of a gather of
+    every draw; a 0/1 table's sums stay whole numbers, so its means are those of the gathered rows,
+    bit for bit."""
+    draws = np.random.default_rng(seed).integers(0, n_rows, size=(n_resamples, n_rows))
+    counts = row_counts(draws).T.astype(float)
+    counts.setflags(write=False)
+    return counts
+
+
+def resampled_means(table: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(cells, resamples): each row of a (cells, rows) table averaged over each resample of its rows
+    (see `resample_counts`)."""
+    return (table @ resample_counts(table.shape[1], n_resamples, seed)) / table.shape[1]
+
+
 def quantile_interval(value: float | None, resampled: np.ndarray) -> Estimate:
     """A value and its 95% interval: the inverted-CDF percentile interval of the defined (not NaN)
     resamples (`scoring.metrics.percentile_bounds`, each bound a value some resample had),
@@ -382,12 +402,98 @@ def scipy_point(fn, x: np.ndarray, y: np.ndarray, **kwargs) -> float | None:
 
 
 def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Kendall tau-b: sum of sign products over pairs / sqrt(untied pairs in x * untied pairs in y)."""
+    """Kendall tau-b along the last axis: (concordant - discordant pairs) / sqrt(pairs untied in x
+    * pairs untied in y). Up to SORTED_FROM points, over every pair at once; from there (hundreds
+    of checkpoints: tens of thousands of pairs per resample) by sorting (Knight's algorithm, the
+    discordant pairs counted with a Fenwick tree), which counts the same whole numbers, so the two
+    give the same value, bit for bit."""
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+    lead, n = x.shape[:-1], x.shape[-1]
+    flat_x, flat_y = x.reshape(-1, n), y.reshape(-1, n)
+    if n >= SORTED_FROM:
+        numerator, untied_x, untied_y = _sorted_counts(flat_x, flat_y)
+    else:
+        numerator, untied_x, untied_y = _pair_counts(flat_x, flat_y)
+    denominator = np.sqrt(untied_x * untied_y)
+    tau = np.divide(numerator, denominator, out=np.full(numerator.shape, np.nan), where=denominator > 0)
+    return tau.reshape(lead)
+
+
+SORTED_FROM = 64  # points from which Kendall's tau counts pairs by sorting, not one by one
+
+
+def _pair_counts(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of (rows, n) arrays: the sum of sign products over pairs, and the pairs untied in x
+    and in y, every pair compared; rows in chunks of _MAX_DRAW_CELLS pair values at most."""
     i, j = np.triu_indices(x.shape[-1], k=1)
-    dx, dy = np.sign(x[..., i] - x[..., j]), np.sign(y[..., i] - y[..., j])
-    denominator = np.sqrt(np.abs(dx).sum(-1) * np.abs(dy).sum(-1))
-    numerator = (dx * dy).sum(-1)
-    return np.divide(numerator, denominator, out=np.full(numerator.shape, np.nan), where=denominator > 0)
+    chunk = max(1, _MAX_DRAW_CELLS // max(1, len(i)))
+    parts = []
+    for start in range(0, len(x), chunk):
+        dx = np.sign(x[start:start + chunk, i] - x[start:start + chunk, j])
+        dy = np.sign(y[start:start + chunk, i] - y[start:start + chunk, j])
+        parts.append(((dx * dy).sum(-1), np.abs(dx).sum(-1), np.abs(dy).sum(-1)))
+    if not parts:
+        return np.empty(0), np.empty(0), np.empty(0)
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def _sorted_counts(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `_pair_counts` gives, by sorting: of the n(n-1)/2 pairs, those tied in x, in y and in
+    both, and the discordant ones, give concordant - discordant = pairs - tied x - tied y + tied
+    both - 2 discordant."""
+    n = x.shape[-1]
+    pairs = n * (n - 1) // 2
+    tied_x, tied_y, tied_both = _tied_pairs(x), _tied_pairs(y), _tied_pairs(x, y)
+    numerator = pairs - tied_x - tied_y + tied_both - 2 * _discordant_pairs(x, y)
+    return numerator.astype(float), (pairs - tied_x).astype(float), (pairs - tied_y).astype(float)
+
+
+def _tied_pairs(*keys: np.ndarray) -> np.ndarray:
+    """Per row of (rows, n) arrays: the pairs equal in every key, each row sorted by the keys and
+    each element counting the equal ones before it in its run."""
+    order = np.lexsort(keys[::-1], axis=-1)
+    same = np.ones((keys[0].shape[0], keys[0].shape[1] - 1), dtype=bool)
+    for key in keys:
+        ordered = np.take_along_axis(key, order, axis=-1)
+        same &= ordered[:, 1:] == ordered[:, :-1]
+    position = np.broadcast_to(np.arange(1, keys[0].shape[1]), same.shape)
+    run_start = np.maximum.accumulate(np.where(same, 0, position), axis=-1)
+    return (position - run_start).sum(axis=-1)
+
+
+def _discordant_pairs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row: the pairs that x orders one way and y strictly the other. Sorted by x (ties by y),
+    each element's discordant partners are the earlier ones with a larger y: a Fenwick tree over
+    y's dense ranks counts the earlier ones at or below, every row at once."""
+    order = np.lexsort((y, x), axis=-1)
+    ranks = _dense_ranks(np.take_along_axis(y, order, axis=-1))
+    rows, n = ranks.shape
+    size = 1 << int(ranks.max(initial=0)).bit_length()  # the tree holds ranks 1..size-1; 0 and size are sinks
+    tree = np.zeros(rows * (size + 1), dtype=np.int64)
+    base = np.arange(rows) * (size + 1)
+    discordant = np.zeros(rows, dtype=np.int64)
+    for j in range(n):
+        rank = ranks[:, j]
+        index, at_or_below = rank.copy(), np.zeros(rows, dtype=np.int64)
+        for _ in range(size.bit_length()):
+            at_or_below += tree[base + index]
+            index &= index - 1
+        discordant += j - at_or_below
+        index = rank.copy()
+        for _ in range(size.bit_length()):
+            tree[base + index] += 1
+            index = np.minimum(index + (index & -index), size)
+    return discordant
+
+
+def _dense_ranks(values: np.ndarray) -> np.ndarray:
+    """Per row: 1 for the smallest value, each larger value the next whole number."""
+    order = np.argsort(values, axis=-1, kind="stable")
+    ordered = np.take_along_axis(values, order, axis=-1)
+    steps = np.concatenate([np.ones((len(values), 1), dtype=np.int64), (np.diff(ordered, axis=-1) != 0).astype(np.int64)], axis=-1)
+    ranks = np.empty_like(steps)
+    np.put_along_axis(ranks, order, steps.cumsum(axis=-1), axis=-1)
+    return ranks
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:

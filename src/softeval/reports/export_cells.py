@@ -9,6 +9,8 @@ import hashlib
 import inspect
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -152,6 +154,18 @@ def task_spec(path: str | None, task: str, sha256: str | None) -> TaskSpec | Non
         if spec.sha256() == sha256:
             return spec
     return None
+
+
+@contextmanager
+def samples_held(result: EvalResult) -> Iterator[None]:
+    """A cell's samples read from its samples.jsonl once and held inside, for a writer that goes
+    through them several times; let go after (a folder's cells are written one at a time)."""
+    kept = result.samples
+    result.samples = list(kept)
+    try:
+        yield
+    finally:
+        result.samples = kept
 
 
 def knowledge_scoring(result: EvalResult, spec: TaskSpec | None) -> str:

@@ -23,6 +23,7 @@ from softeval.reports.export_cells import (
     method_details,
     portable,
     row_outcome,
+    samples_held,
     sha256_text,
     strings,
 )
@@ -36,7 +37,8 @@ def write_eee(cells: list[Cell], output: Path) -> list[Path]:
     retrieved = str(int(time.time()))
     written = []
     for cell in cells:
-        written += write_eee_cell(cell, output, retrieved)
+        with samples_held(cell.result):  # read once, gone through per metric, let go before the next cell
+            written += write_eee_cell(cell, output, retrieved)
     return written
 
 

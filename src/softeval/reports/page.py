@@ -6,6 +6,12 @@ library draws elsewhere; a tuning's chart is the curve.svg drawn when the tuning
 the samples travel as one JSON block that a small script filters and pages through (a table of
 10,000 rows is rendered a page at a time). Text that a model wrote is always inserted as text,
 never as markup.
+
+A pre-training program's folder holds thousands of cells, so the page stays bounded: each task
+opens with its view per recipe and method over the checkpoints, long tables (cells, models,
+paired comparisons, findings) show a page of rows at a time, a bar chart is drawn only where its
+models fit, and the samples and tuning charts embedded are capped, the last checkpoints' first
+(the page says how many it holds and where the rest are).
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ from softeval.analysis import (
     study_findings,
     tuned_agreement,
 )
+from softeval.errors import SoftevalError
 from softeval.reports.comparison import GOLD_SHORT, SHORT, cost, gold_columns, gold_value
 from softeval.reports.findings import estimate_text, holm_text, p_text, where
-from softeval.scoring import GOLD_MEANINGS, MEANINGS, METRICS, MODELS_FILE, EvalResult
+from softeval.scoring import GOLD_MEANINGS, MEANINGS, METRICS, MODELS_FILE, SERIES_FILE, EvalResult
 from softeval.tuning.chart import CHART_METRICS, curve_chart, saved_chart
 
 PAGE = "index.html"
+MAX_SAMPLE_ROWS = 20_000  # samples embedded in the page, at most: the cells' samples.jsonl hold all
+MAX_CURVES = 24  # tuning charts embedded, at most
+MAX_BAR_MODELS = 24  # a task's bar chart groups this many models at most: beyond, its series' curves show them
 
 
 def write_page(folder: str | Path) -> Path:
@@ -57,22 +67,41 @@ def page_context(folder: Path, results: list[EvalResult]) -> dict:
     ranking = json.loads(ranking_path.read_text(encoding="utf-8")) if ranking_path.is_file() else None
     agreement = tuned_agreement({cell_key(r): r for r in results})
     paired = paired_comparisons(results)
+    series = declared_series(folder)
+    earlier = {point["model"] for s in series.values() for point in s["checkpoints"][:-1]}  # left out first where the page is full
+    samples, samples_note = samples_json(results, earlier)
+    curves, curves_note = tuning_curves(folder, earlier)
     return {
         "title": f"softeval report: {folder.resolve().name}",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "softeval_version": version("softeval"),
         "header": run_header(folder, results),
-        "tasks": [task_overview(task, [r for r in results if r.config["task"] == task]) for task in dict.fromkeys(r.config["task"] for r in results)],
+        "tasks": [task_overview(task, [r for r in results if r.config["task"] == task], series) for task in dict.fromkeys(r.config["task"] for r in results)],
         "metric_names": [SHORT[m] for m in METRICS],
         "metric_meanings": [MEANINGS[m] for m in METRICS],
         **summary_and_findings(folder, study_findings(folder, results, paired, agreement)),
         "paired": paired,
-        "curves": tuning_curves(folder),
+        "curves": curves,
+        "curves_note": curves_note,
         "ranking": ranking_view(ranking) if ranking else None,
         "agreement": agreement_view(agreement, results) if agreement else None,
         "series": series_view(folder),
-        "samples_json": samples_json(results),
+        "samples_json": samples,
+        "samples_note": samples_note,
     }
+
+
+def declared_series(folder: Path) -> dict[str, dict]:
+    """The folder's series.json (each recipe's checkpoints), or none where it has none or it
+    cannot be read (the analysis says why)."""
+    from softeval.analysis.series import read_series
+
+    if not (folder / SERIES_FILE).is_file():
+        return {}
+    try:
+        return read_series(folder)
+    except (OSError, ValueError, SoftevalError):
+        return {}
 
 
 # --- findings -------------------------------------------------------------------------------------
@@ -179,7 +208,7 @@ def _short(text: str) -> str:
 # --- overview -------------------------------------------------------------------------------------
 
 
-def task_overview(task: str, results: list[EvalResult]) -> dict:
+def task_overview(task: str, results: list[EvalResult], series: dict[str, dict]) -> dict:
     rows = []
     flagged = cell_flags(results)
     for r in results:
@@ -198,7 +227,30 @@ def task_overview(task: str, results: list[EvalResult]) -> dict:
         "rows": [{"model": cell_key(r)[0], "method": cell_label(r.config),
                   "values": [_gold(n, r.metrics.get(n)) for n in names]} for r in results],
     }
-    return {"name": task, "rows": rows, "gold": gold if names else None, "chart": metric_chart(task, results, flagged)}
+    models = len({cell_key(r)[0] for r in results})
+    chart = metric_chart(task, results, flagged) if models <= MAX_BAR_MODELS else None
+    return {"name": task, "rows": rows, "gold": gold if names else None, "chart": chart, "recipes": recipe_view(series, results, flagged),
+            "chart_note": None if chart else f"{models} models are more than one bar chart shows ({MAX_BAR_MODELS}): the table above and "
+                                             "the checkpoints section's curves show them"}
+
+
+def recipe_view(series: dict[str, dict], results: list[EvalResult], flagged: dict[int, list[str]]) -> list[dict]:
+    """Per recipe of `series` and method: its checkpoints' cells among a task's `results`, the
+    first and the last checkpoint's task accuracy, and the last one's knowledge and format-following."""
+    cells = {(cell_key(r)[0], cell_label(r.config)): r for r in results}
+    rows = []
+    for name, s in series.items():
+        models = [point["model"] for point in s["checkpoints"]]
+        for method in dict.fromkeys(cell_label(r.config) for r in results):
+            found = [cells[(m, method)] for m in models if (m, method) in cells]
+            if not found:
+                continue
+            first, last = found[0], found[-1]
+            rows.append({"recipe": name, "method": method, "cells": f"{len(found)} of {len(models)}",
+                         "first": _metric(first.metrics["task_accuracy"]), "last": _metric(last.metrics["task_accuracy"]),
+                         "knowledge": _metric(last.metrics["knowledge"]), "format": _metric(last.metrics["format_following"]),
+                         "flagged": sum(bool(flagged[id(c)]) for c in found)})
+    return rows
 
 
 def _gold(name: str, m) -> dict:
@@ -259,18 +311,37 @@ def metric_chart(task: str, results: list[EvalResult], flagged: dict[int, list[s
 # --- tuning curves and ranking --------------------------------------------------------------------
 
 
-def tuning_curves(folder: Path) -> list[dict]:
+def tuning_curves(folder: Path, earlier: set[str] = frozenset()) -> tuple[list[dict], str | None]:
     """One chart per tuned prompt or adapter (losses, and the validation metrics, against steps):
     the one drawn when its tuning ended, else drawn now from curve.json. Each is an image, so an
     SVG file from the folder cannot run script in the page, and the browser draws it when it is
-    scrolled into view."""
+    scrolled into view. At most MAX_CURVES, those of `earlier` checkpoints last; and a note that
+    says where the others are, where some are left out."""
     curves = []
-    for path in sorted(folder.glob("*/*/*/curve.json")):
+    found = sorted(folder.glob("*/*/*/curve.json"), key=lambda path: (path.parent.parent.parent.name in earlier, str(path)))
+    for path in found[:MAX_CURVES]:
         model, task, kind = path.parent.relative_to(folder).parts
         name = f"{model} / {task} / {kind}"
-        chart = saved_chart(path.parent) or curve_chart(json.loads(path.read_text(encoding="utf-8")), name)
+        chart = saved_chart(path.parent) or _drawn_curve(path, name)
         curves.append({"name": name, "src": "data:image/svg+xml;base64," + base64.b64encode(chart.encode("utf-8")).decode("ascii")})
-    return curves
+    note = None
+    if len(found) > MAX_CURVES:
+        note = (f"{MAX_CURVES} of the {len(found)} tuning curves are shown (the series' last checkpoints and the other models first); "
+                "every one is drawn beside its prompt, OUTPUT/<model>/<task>/<prompt or adapter>/curve.svg")
+    return curves, note
+
+
+# tuning charts drawn from curve.json (no curve.svg drawn after it), by the file's path, size and
+# time: a page refreshed after each checkpoint draws each once
+_curves_drawn: dict[tuple, str] = {}
+
+
+def _drawn_curve(path: Path, name: str) -> str:
+    stat = path.stat()
+    key = (path.resolve(), stat.st_size, stat.st_mtime_ns, name)
+    if key not in _curves_drawn:
+        _curves_drawn[key] = curve_chart(json.loads(path.read_text(encoding="utf-8")), name)
+    return _curves_drawn[key]
 
 
 def ranking_view(ranking: dict) -> dict:
@@ -315,13 +386,14 @@ def rank_chart(families: list[str], comparison: dict) -> str:
 def series_view(folder: Path) -> dict | None:
     """The folder's series analysis (OUTPUT/analysis.json), where there is one: per task, decision
     accuracy per budget and method, the earliest decisions, the curves, noise and outliers."""
+    from softeval.analysis.summary import anchor
     from softeval.reports.series import (
         DECISION_INTERVALS,
         FORMAT_GAP_TEXT,
         NOISE_HEADER,
         PREDICTORS_TEXT,
         budget_count,
-        curves_figure,
+        curves_svg,
         decision_rows,
         difference_lines,
         format_gap_lines,
@@ -335,8 +407,6 @@ def series_view(folder: Path) -> dict | None:
         truth_text,
     )
 
-    from softeval.analysis.summary import anchor
-
     path = folder / "analysis.json"
     if not path.is_file():
         return None
@@ -345,7 +415,7 @@ def series_view(folder: Path) -> dict | None:
         {"name": task, "rows": found["rows"], "methods": list(found["decisions"]), "decisions": decision_rows(found), "budgets": budget_count(found),
          "noise": noise_rows(analysis, found), "noise_header": NOISE_HEADER, "spread": spread_text(found),
          "format_gap": format_gap_lines(found), "format_gap_text": FORMAT_GAP_TEXT,
-         "chart": inline_svg(curves_figure(found, task, analysis["target"]["metric"])), "notes": found.get("notes", []),
+         "chart": curves_svg(found, task, analysis["target"]["metric"]), "notes": found.get("notes", []),
          "predictors": {"text": PREDICTORS_TEXT, "header": predictor_header(found), "rows": predictor_rows(found),
                         "differences": difference_lines(found)} if found.get("predictors") else None,
          "truth": {"text": truth_text(found), "metrics": truth_metrics(found), "rows": truth_rows(found)} if found.get("truth") else None,
@@ -392,10 +462,19 @@ def outcome(sample) -> str:
     return "wrong" if sample.format_ok else "format failure"
 
 
-def samples_json(results: list[EvalResult]) -> str:
-    """Every sample of every cell as compact JSON, safe inside a <script> element."""
+def samples_json(results: list[EvalResult], earlier: set[str] = frozenset()) -> tuple[str, str | None]:
+    """The samples of the cells as compact JSON, safe inside a <script> element, and a note where
+    some cells' are left out: whole cells, up to MAX_SAMPLE_ROWS rows, the series' `earlier`
+    checkpoints last (each cell read from its samples.jsonl in turn, none held after)."""
     cells, rows = [], []
-    for c, r in enumerate(results):
+    ordered = sorted(results, key=lambda r: cell_key(r)[0] in earlier)  # stable: the folder's order within each group
+    total = sum(len(r.samples) for r in results)
+    kept = 0
+    for r in ordered:
+        if kept and kept + len(r.samples) > MAX_SAMPLE_ROWS:
+            break
+        kept += len(r.samples)
+        c = len(cells)
         model, task, _, _ = cell_key(r)
         cells.append({"model": model, "task": task, "method": cell_label(r.config)})
         for s in r.samples:
@@ -405,5 +484,9 @@ def samples_json(results: list[EvalResult]) -> str:
                 None if s.option_loglikelihoods is None else [None if x is None else round(x, 3) for x in s.option_loglikelihoods],
             ])
     text = json.dumps({"cells": cells, "rows": rows}, ensure_ascii=False, separators=(",", ":"))
+    note = None
+    if len(cells) < len(results):
+        note = (f"This page holds the samples of {len(cells)} of the {len(results)} cells ({len(rows):,} of {total:,} rows: the series' last "
+                "checkpoints and the other models first); every cell's are in OUTPUT/<model>/<task>/<method>/samples.jsonl")
     # "</" would end the script element early; "<!--" would open a comment inside it
-    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--"), note

@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+from softeval._charts import inline_svg
 from softeval._io import write_json_atomic, write_text_atomic
 from softeval.analysis import series_analysis
 from softeval.analysis.series import NOISE_CHECKPOINTS, budget_text
@@ -256,7 +257,7 @@ def curves_figure(found: dict, task: str, metric: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     methods = list(found["curves"])
     metrics = [metric] + [m for m in CURVE_ORDER if m != metric and m in found["curves"][methods[0]]]
@@ -278,7 +279,7 @@ def curves_figure(found: dict, task: str, metric: str):
                 # default labels every minor tick of a short span, and they overlap
                 ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
                 ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: budget_text(value, "tokens").removesuffix(" tokens")))
-                ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.xaxis.set_minor_locator(NullLocator())  # no minor marks: a refresh after each checkpoint redraws them all
             if row == 0:
                 ax.set_title(method)
             if row == len(metrics) - 1:
@@ -290,12 +291,33 @@ def curves_figure(found: dict, task: str, metric: str):
     return fig
 
 
+# the SVG of the curves last drawn per task, by what they show: the page of the folder just
+# analysed shows the same figure, drawn once (a refresh after each checkpoint draws each task's anew)
+_drawn: dict[str, tuple[str, str]] = {}
+
+
 def _plot(found: dict, task: str, metric: str, path: Path) -> None:
+    """The task's curves as analysis_<task>.png, kept as SVG for the page too."""
     import matplotlib.pyplot as plt
 
     fig = curves_figure(found, task, metric)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=90)
+        fig.set_layout_engine("none")  # laid out for the PNG: the SVG keeps that layout
+        _drawn[task] = (_shown(found, task, metric), inline_svg(fig))
     finally:
         plt.close(fig)
+
+
+def curves_svg(found: dict, task: str, metric: str) -> str:
+    """The task's curves as inline SVG: as the analysis drew them, where it drew these, else drawn now."""
+    shown = _shown(found, task, metric)
+    if task in _drawn and _drawn[task][0] == shown:
+        return _drawn[task][1]
+    return inline_svg(curves_figure(found, task, metric))
+
+
+def _shown(found: dict, task: str, metric: str) -> str:
+    """What a curves figure shows, as one string: two figures of equal strings are the same."""
+    return json.dumps([task, metric, found["x"], found["axis"], found["curves"]], sort_keys=True)

@@ -101,15 +101,12 @@ def _build(folder: Path, settings: Size, seed: int, data_dir: Path | None, needs
     tasks = write_tasks(world, folder / "tasks")
     runs, references = folder / "runs", {}
     plan = study(settings, runs, {r.name: folder / "references" / f"{r.name}-chat" for r in settings.recipes}, tasks, folder / "ground_truth.json", seed)
-    for recipe in settings.recipes:
-        log.info("pre-training recipe %s (%d steps)", recipe.name, recipe.steps)
-        evaluate = None if in_loop is None else in_loop_evaluation(plan, recipe.name, in_loop, tokenizer)
-        checkpoints = pretrain(recipe, world, tokenizer, filler, runs, seed, evaluate=evaluate)
-        log.info("post-training %s into its reference", checkpoints[-1])
-        references[recipe.name] = posttrain(checkpoints[-1], world, tokenizer, list(tasks.values()), folder / "references" / f"{recipe.name}-chat",
-                                            settings.post_steps, seed)
-        if in_loop is not None:
-            evaluate_reference(plan, recipe.name, references[recipe.name], in_loop)
+    if in_loop is None:
+        references = train_recipes(settings, world, tokenizer, filler, folder, list(tasks.values()), seed)
+    for recipe in settings.recipes if in_loop is not None else ():  # one process: each checkpoint evaluated as it is saved
+        evaluate = in_loop_evaluation(plan, recipe.name, in_loop, tokenizer)
+        references[recipe.name] = train_recipe(recipe, settings, world, tokenizer, filler, folder, list(tasks.values()), seed, evaluate=evaluate)
+        evaluate_reference(plan, recipe.name, references[recipe.name], in_loop)
     truth = ground_truth(world, settings, runs, references)
     write_json_atomic(folder / "ground_truth.json", truth)
     if in_loop is not None:
@@ -119,6 +116,33 @@ def _build(folder: Path, settings: Size, seed: int, data_dir: Path | None, needs
     write_text_atomic(folder / "study.yaml", yaml.safe_dump(plan, sort_keys=False))
     design["seconds"] = round(time.perf_counter() - started, 1)
     return design
+
+
+def train_recipe(recipe: Recipe, settings: Size, world, tokenizer, filler: list[str], folder: Path, tasks: list[Path], seed: int,
+                 evaluate=None) -> Path:
+    """Pre-train a recipe (its checkpoints in folder/runs/<recipe>/) and post-train its last
+    checkpoint into its reference; returns the reference's folder."""
+    log.info("pre-training recipe %s (%d steps)", recipe.name, recipe.steps)
+    checkpoints = pretrain(recipe, world, tokenizer, filler, folder / "runs", seed, evaluate=evaluate)
+    log.info("post-training %s into its reference", checkpoints[-1])
+    return posttrain(checkpoints[-1], world, tokenizer, tasks, folder / "references" / f"{recipe.name}-chat", settings.post_steps, seed)
+
+
+def train_recipes(settings: Size, world, tokenizer, filler: list[str], folder: Path, tasks: list[Path], seed: int) -> dict[str, Path]:
+    """Every recipe trained, one process per core, each on one thread (the same weights as one
+    process training them in turn); returns each recipe's reference folder."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(len(settings.recipes), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    arguments = (settings, world, tokenizer, filler, folder, tasks, seed)
+    if workers < 2:
+        return {recipe.name: train_recipe(recipe, *arguments) for recipe in settings.recipes}
+    log.info("training %d recipes in %d processes", len(settings.recipes), workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        started = {recipe.name: pool.submit(train_recipe, recipe, *arguments) for recipe in settings.recipes}
+        return {name: future.result() for name, future in started.items()}
 
 
 def in_loop_evaluation(plan: dict, recipe: str, output: Path, tokenizer):

@@ -3,12 +3,17 @@ checkpoints into a training-run folder (`runs/<recipe>/checkpoint-N`, as `series
 and post-training a recipe's last checkpoint into its reference model: a chat model fine-tuned on
 conversations that ask each task's questions about people no test row asks about.
 
-Everything is seeded and runs on the CPU in a fixed order, so the same seed gives the same weights.
+Everything is seeded and runs on the CPU in a fixed order, on one thread (`one_thread`), so the
+same seed gives the same weights, byte for byte, whichever process trains a recipe and whatever
+runs beside it: the tiny models gain nothing from more threads, and a machine is better shared
+as one training process per core.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +41,17 @@ class Recipe:
     @property
     def checkpoint_steps(self) -> list[int]:
         return [round(self.steps * (k + 1) / self.checkpoints) for k in range(self.checkpoints)]
+
+
+@contextmanager
+def one_thread() -> Iterator[int]:
+    """Torch on one thread inside, as many as before after; yields how many there were."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield before
+    finally:
+        torch.set_num_threads(before)
 
 
 def _model(tokenizer, hidden: int, seed: int):
@@ -77,19 +93,22 @@ def pretrain(recipe: Recipe, world: World, tokenizer, filler: list[str], runs: P
         return folders
     stream = token_stream(tokenizer, documents(world, recipe.templates, filler, recipe.filler, seed), recipe.steps * BATCH * LENGTH)
     batches = stream.view(recipe.steps, BATCH, LENGTH)
-    model = _model(tokenizer, recipe.hidden, seed)
-    optimizer, schedule = _optimizer(model)
-    model.train()
-    for step in range(1, recipe.steps + 1):
-        loss = model(input_ids=batches[step - 1], labels=batches[step - 1]).loss
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        if step in recipe.checkpoint_steps:
-            _save(model, tokenizer, runs / recipe.name / f"checkpoint-{step}", chat=False)
-            if evaluate is not None:
-                evaluate(model, step)
+    with one_thread() as threads:
+        model = _model(tokenizer, recipe.hidden, seed)
+        optimizer, schedule = _optimizer(model)
+        model.train()
+        for step in range(1, recipe.steps + 1):
+            loss = model(input_ids=batches[step - 1], labels=batches[step - 1]).loss
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            if step in recipe.checkpoint_steps:
+                _save(model, tokenizer, runs / recipe.name / f"checkpoint-{step}", chat=False)
+                if evaluate is not None:  # with the threads the process had: evaluation is not training
+                    torch.set_num_threads(threads)
+                    evaluate(model, step)
+                    torch.set_num_threads(1)
     return folders
 
 
@@ -121,16 +140,17 @@ def posttrain(checkpoint: Path, world: World, tokenizer, tasks: list[Path], out:
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE / 3, weight_decay=0.0)
     model.train()
-    for _ in range(steps):
-        rows = [_chat_row(tokenizer, *rng.choice(pairs)) for _ in range(BATCH)]
-        rows += [_prose_row(tokenizer, biography(rng.choice(world.people), rng, 1)) for _ in range(BATCH // 4)]
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
-        labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in rows])
-        loss = model(input_ids=ids, attention_mask=(labels != -100) | (ids != tokenizer.pad_token_id), labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    with one_thread():
+        for _ in range(steps):
+            rows = [_chat_row(tokenizer, *rng.choice(pairs)) for _ in range(BATCH)]
+            rows += [_prose_row(tokenizer, biography(rng.choice(world.people), rng, 1)) for _ in range(BATCH // 4)]
+            width = max(len(ids) for ids, _ in rows)
+            ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
+            labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in rows])
+            loss = model(input_ids=ids, attention_mask=(labels != -100) | (ids != tokenizer.pad_token_id), labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
     _save(model, tokenizer, out, chat=True)
     return out
 
