@@ -25,7 +25,7 @@ It then times, in a fresh process each (peak memory is that process's high-water
 `softeval analyze` (the analysis, comparison and page together, as the command runs), the page
 alone, both exports, and a refresh after one more checkpoint of every recipe lands
 (`refresh_reports`, what the in-loop evaluator and `watch` run after each checkpoint), and how long
-headless Chromium takes to open the page. One JSON line per size ends the output.
+headless Chromium takes to open the page. Each size ends with one JSON line of its figures.
 
     .venv/bin/python benchmarks/analysis_scale.py --sizes 100,1000,6000 --rows 500 --work /tmp/scale
     .venv/bin/python benchmarks/analysis_scale.py --recipes 4 --checkpoints 5 --tasks 2 --methods 3 --rows 60
@@ -394,8 +394,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         world = program(recipes, checkpoints, args.tasks, args.methods, args.rows)
         print(f"{recipes} recipes x {checkpoints} checkpoints x {args.tasks} tasks x {args.methods} methods", flush=True)
         results.append(run_size(world, args.work / f"{recipes}x{checkpoints}", exports=args.exports))
-    for found in results:
-        print(json.dumps(found), flush=True)
+        print(json.dumps(results[-1]), flush=True)
     return results
 
 

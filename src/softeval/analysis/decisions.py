@@ -36,13 +36,14 @@ def decision_accuracies(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Decision accuracy of (recipes, ...) scores against (recipes, ...) target values, along
     the trailing axes at once: over pairs the target orders, 1 where the scores order them
     alike, 0.5 where the scores tie, 0 otherwise; nan where the target ties every pair."""
-    scores, target = np.broadcast_arrays(np.round(scores, _DECIMALS), np.round(target, _DECIMALS))
+    scores, target = np.round(scores, _DECIMALS), np.round(target, _DECIMALS)
     i, j = np.triu_indices(scores.shape[0], k=1)
-    wanted, given = np.sign(target[i] - target[j]), np.sign(scores[i] - scores[j])
+    # the target's order of each pair before broadcasting: one target draw serves every budget
+    wanted, given = np.broadcast_arrays(np.sign(target[i] - target[j]), np.sign(scores[i] - scores[j]))
     counted = wanted != 0
-    agree = np.where(given == 0, 0.5, (given == wanted).astype(float)) * counted
+    alike, tied = ((given == wanted) & counted).sum(axis=0), ((given == 0) & counted).sum(axis=0)
     n = counted.sum(axis=0)
-    return np.divide(agree.sum(axis=0), n, out=np.full(n.shape, np.nan), where=n > 0)
+    return np.divide(alike + 0.5 * tied, n, out=np.full(n.shape, np.nan), where=n > 0)
 
 
 def averaged(table: np.ndarray, n: int = AVERAGED) -> np.ndarray:

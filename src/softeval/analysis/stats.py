@@ -410,8 +410,10 @@ def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x, y = np.broadcast_arrays(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
     lead, n = x.shape[:-1], x.shape[-1]
     flat_x, flat_y = x.reshape(-1, n), y.reshape(-1, n)
-    if n >= SORTED_FROM:
-        numerator, untied_x, untied_y = _sorted_counts(flat_x, flat_y)
+    if n >= SORTED_FROM:  # in chunks of rows: a chunk's sort keys and tree hold a few times its values
+        chunk = max(1, _MAX_DRAW_CELLS // n)
+        parts = [_sorted_counts(flat_x[start:start + chunk], flat_y[start:start + chunk]) for start in range(0, len(flat_x), chunk)]
+        numerator, untied_x, untied_y = (np.concatenate(column) for column in zip(*parts)) if parts else (np.empty(0),) * 3
     else:
         numerator, untied_x, untied_y = _pair_counts(flat_x, flat_y)
     denominator = np.sqrt(untied_x * untied_y)

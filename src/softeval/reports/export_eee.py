@@ -234,26 +234,37 @@ def eee_instances(cell: Cell, evaluation_id: str) -> list[dict]:
     defined = [m for m in METRICS if cell.result.metrics[m].value is not None]
     rows = []
     for sample in cell.result.samples:
+        shared = row_record(sample)  # the same in each of the row's records
         for metric in defined:
             outcome = row_outcome(sample, metric)
             if outcome is not None:
-                rows.append(eee_instance(cell, evaluation_id, sample, metric, outcome))
+                rows.append(eee_instance(cell, evaluation_id, sample, metric, outcome, shared))
         for metric in cell.gold_metrics:
             value = getattr(sample, GOLD_METRICS[metric])
             # a likelihood has no verdict of its own: whether the row's answer is right stays the strict one
-            row = eee_instance(cell, evaluation_id, sample, metric, value if metric == "prompt_knowledge" else sample.task_correct)
+            row = eee_instance(cell, evaluation_id, sample, metric, value if metric == "prompt_knowledge" else sample.task_correct, shared)
             row["evaluation"]["score"] = float(value)
             rows.append(row)
     return rows
 
 
-def eee_instance(cell: Cell, evaluation_id: str, sample, metric: str, outcome: bool) -> dict:
-    """One row's record for one metric: the prompt as the model saw it, the gold answer, the
-    completion the parsers judged, the answer the metric read, and the whole judgement."""
+def row_record(sample) -> dict:
+    """What every record of one row holds, whichever metric it is for: the input given, the
+    row's hash (the every-eval-ever recipe, so that hashes match across tools) and its judgement
+    as metadata."""
     reference = [sample.gold]
     given = {"raw": sample.prompt, "formatted": sample.prompt, "reference": reference}
     if sample.choices is not None:
         given["choices"] = sample.choices
+    return {"input": given, "sample_hash": sha256_text(json.dumps({"raw": sample.prompt, "reference": reference}, sort_keys=True, separators=(",", ":"))),
+            "metadata": strings(sample.model_dump(exclude={"index", "prompt", "completion", "gold", "choices"}))}
+
+
+def eee_instance(cell: Cell, evaluation_id: str, sample, metric: str, outcome: bool, shared: dict | None = None) -> dict:
+    """One row's record for one metric: the prompt as the model saw it, the gold answer, the
+    completion the parsers judged, the answer the metric read, and the whole judgement (`shared`:
+    the row's `row_record`, made once for its records)."""
+    shared = shared or row_record(sample)
     return {
         "schema_version": EEE_SCHEMA_VERSION,
         "evaluation_id": evaluation_id,
@@ -261,14 +272,13 @@ def eee_instance(cell: Cell, evaluation_id: str, sample, metric: str, outcome: b
         "evaluation_name": cell.task,
         "evaluation_result_id": metric,
         "sample_id": str(sample.index),
-        # the every-eval-ever recipe, so that hashes match across tools
-        "sample_hash": sha256_text(json.dumps({"raw": sample.prompt, "reference": reference}, sort_keys=True, separators=(",", ":"))),
+        "sample_hash": shared["sample_hash"],
         "interaction_type": "single_turn",
-        "input": given,
+        "input": shared["input"],
         "output": {"raw": [sample.completion]},
         "answer_attribution": [attribution(cell, sample, metric)],
         "evaluation": {"score": float(outcome), "is_correct": bool(outcome)},
-        "metadata": strings(sample.model_dump(exclude={"index", "prompt", "completion", "gold", "choices"})),
+        "metadata": shared["metadata"],
     }
 
 

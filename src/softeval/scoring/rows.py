@@ -52,6 +52,8 @@ class Rows:
     def positions(self, rows: list[int] | np.ndarray) -> np.ndarray:
         """Where each of `rows` sits in the columns; a KeyError names a row the cell lacks."""
         wanted = np.asarray(rows, dtype=np.int64)
+        if len(wanted) == len(self.index) and np.array_equal(wanted, self.index):  # the common case: every row, in order
+            return np.arange(len(wanted))
         order = np.argsort(self.index, kind="stable")
         found = order[np.minimum(np.searchsorted(self.index, wanted, sorter=order), len(order) - 1)] if len(order) else order
         if len(found) != len(wanted) or not np.array_equal(self.index[found], wanted):

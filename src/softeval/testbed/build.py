@@ -141,8 +141,14 @@ def train_recipes(settings: Size, world, tokenizer, filler: list[str], folder: P
         return {recipe.name: train_recipe(recipe, *arguments) for recipe in settings.recipes}
     log.info("training %d recipes in %d processes", len(settings.recipes), workers)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        started = {recipe.name: pool.submit(train_recipe, recipe, *arguments) for recipe in settings.recipes}
+        started = {recipe.name: pool.submit(_train_in_worker, recipe, *arguments) for recipe in settings.recipes}
         return {name: future.result() for name, future in started.items()}
+
+
+def _train_in_worker(recipe: Recipe, *arguments) -> Path:
+    """`train_recipe` in a worker process, without transformers' bar for each save and load."""
+    with quiet_weight_loading():
+        return train_recipe(recipe, *arguments)
 
 
 def in_loop_evaluation(plan: dict, recipe: str, output: Path, tokenizer):
