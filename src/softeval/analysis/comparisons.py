@@ -114,8 +114,8 @@ def finished_cells(folder: Path) -> list[EvalResult]:
 
 
 def _identity(results: Path) -> tuple:
-    """The size and modification time of a cell's results.json and samples.jsonl: a cell written
-    again (rerun, rejudged) differs in them."""
+    """The size, modification time and inode of a cell's results.json and samples.jsonl: a cell
+    written again (rerun, rejudged; each file replaced by an atomic rename) differs in them."""
     stats = [results.stat(), (results.parent / "samples.jsonl").stat()]
     return tuple((s.st_size, s.st_mtime_ns, s.st_ino) for s in stats)
 
