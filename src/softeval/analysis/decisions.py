@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from softeval.analysis.stats import CONFIDENCE, holm, quantile_interval, resampled_p_value, row_counts
+from softeval.analysis.stats import CONFIDENCE, holm, quantile_interval, resample_counts, resampled_p_value
 
 AVERAGED = 3  # the checkpoint-averaged variant: the mean of this many latest checkpoints
 _DECIMALS = 12  # scores equal up to float noise tie, as they do on paper
@@ -81,11 +81,10 @@ def compare_decisions(
 
     `predictors[name][r]` is recipe r's (checkpoints, rows) table, oriented so higher is better;
     `checkpoints[b][r]` recipe r's latest checkpoint within budget b; `target` (recipes, rows)."""
-    rng = np.random.default_rng(seed)
     n_rows = target.shape[1]
-    draws = rng.integers(0, n_rows, size=(n_resamples, n_rows))
-    # each draw as how often it takes each row: a resample's means are then one matrix product
-    weights = row_counts(draws).T / n_rows  # (rows, resamples)
+    # each draw as how often it takes each row (the draws every statistic of the folder shares):
+    # a resample's means are then one matrix product
+    weights = resample_counts(n_rows, n_resamples, seed) / n_rows  # (rows, resamples)
     target_point, target_boot = target.mean(axis=1), target @ weights
     found, boots = {}, {}
     for name, tables in predictors.items():
