@@ -25,7 +25,8 @@ It then times, in a fresh process each (peak memory is that process's high-water
 `softeval analyze` (the analysis, comparison and page together, as the command runs), the page
 alone, both exports, and a refresh after one more checkpoint of every recipe lands
 (`refresh_reports`, what the in-loop evaluator and `watch` run after each checkpoint), and how long
-headless Chromium takes to open the page. Each size ends with one JSON line of its figures.
+headless Chromium takes to open the page, whose views it then checks through the page's DOM
+(`page_views`: `page_ok`). Each size ends with one JSON line of its figures.
 
     .venv/bin/python benchmarks/analysis_scale.py --sizes 100,1000,6000 --rows 500 --work /tmp/scale
     .venv/bin/python benchmarks/analysis_scale.py --recipes 4 --checkpoints 5 --tasks 2 --methods 3 --rows 60
@@ -319,12 +320,14 @@ def run_size(world: Program, folder: Path, *, exports: bool) -> dict:
         print(f"  truth not found: {line}", flush=True)
     page = measure("page", folder)
     print(f"  page: {page['seconds']:.1f} s, peak {page['peak_mb']:.0f} MB, {(folder / 'index.html').stat().st_size / 2**20:.1f} MB", flush=True)
-    loaded = page_load(folder / "index.html")
+    loaded = page_load(world, folder / "index.html")
     if loaded is not None:
-        print(f"  page load in Chromium: {loaded:.2f} s", flush=True)
+        print(f"  page load in Chromium: {loaded[0]:.2f} s", flush=True)
+        for line in loaded[1][:10]:
+            print(f"  page not as it should be: {line}", flush=True)
     found = {"cells": cells, "rows": cells * world.rows, "samples_mb": round(samples_mb), "analyze_s": round(analyzed["seconds"], 1),
              "page_s": round(page["seconds"], 1), "page_mb": round((folder / "index.html").stat().st_size / 2**20, 1),
-             "page_load_s": None if loaded is None else round(loaded, 2)}
+             "page_load_s": None if loaded is None else round(loaded[0], 2), "page_ok": None if loaded is None else not loaded[1]}
     peaks = [analyzed["peak_mb"], page["peak_mb"]]
     if exports:
         for step in ("export_eee", "export_lm_eval"):
@@ -342,9 +345,9 @@ def run_size(world: Program, folder: Path, *, exports: bool) -> dict:
     return found | {"refresh_s": round(refreshed["seconds"], 1), "peak_mb": round(max(peaks)), "truth_ok": not wrong}
 
 
-def page_load(page: Path) -> float | None:
-    """Seconds headless Chromium takes to open the page until its first sample rows are drawn;
-    None without Playwright or a Chromium binary."""
+def page_load(world: Program, page: Path) -> tuple[float, list[str]] | None:
+    """Seconds headless Chromium takes to open the page until its first sample rows are drawn, and
+    what `page_views` finds wrong there; None without Playwright or a Chromium binary."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -361,10 +364,52 @@ def page_load(page: Path) -> float | None:
         tab.goto(page.as_uri(), timeout=120_000)
         tab.wait_for_selector("tr.sample", timeout=120_000)
         seconds = time.perf_counter() - started
+        wrong = [f"page error: {error}" for error in errors] + page_views(tab, world)
         browser.close()
-    if errors:
-        sys.exit(f"analysis_scale: the page has errors: {errors[:3]}")
-    return seconds
+    return seconds, wrong
+
+
+def page_views(tab, world: Program) -> list[str]:
+    """What is wrong with the page of the program's folder as a reader sees it in the browser tab
+    (empty where nothing is): per task, the table per recipe and method comes first and is visible,
+    one row per recipe and method over its checkpoints, its first page shown; every cell's table
+    holds each of the task's cells, shows its first 50 and says so, and its pager turns to the
+    next 50; a folder of more models than one bar chart shows says so; and where the samples
+    embedded are capped, the page says whose it holds."""
+    from softeval.reports.page import MAX_BAR_MODELS, MAX_SAMPLE_ROWS
+
+    wrong = []
+
+    def expect(what: str, got, wanted) -> None:
+        if got != wanted:
+            wrong.append(f"{what}: {got!r}, expected {wanted!r}")
+
+    per_recipe, per_task = len(world.recipes) * len(world.methods), len(world.recipes) * world.checkpoints * len(world.methods)
+    expect("recipe tables", tab.locator("table.recipes").count(), len(world.tasks))
+    expect("cell tables", tab.locator("table.overview").count(), len(world.tasks))
+    recipes = tab.locator("table.recipes").first.locator("tr:not(:has(th))")
+    expect("rows of a recipe table", recipes.count(), per_recipe)
+    expect("its rows shown", tab.locator("table.recipes").first.locator("tr:not(:has(th)):visible").count(), min(20, per_recipe))
+    expect("its first row visible", recipes.first.is_visible(), True)
+    expect("checkpoints of its first row", recipes.first.locator("td").nth(2).inner_text(), f"{world.checkpoints} of {world.checkpoints}")
+    overview = tab.locator("table.overview").first
+    expect("rows of a cell table", overview.locator("tr:not(:has(th))").count(), per_task)
+    expect("its rows shown", overview.locator("tr:not(:has(th)):visible").count(), min(50, per_task))
+    if per_task > 50:
+        label = tab.locator("table.overview + .table-pager span").first
+        expect("its pager", label.inner_text(), f"rows 1\u201350 of {per_task}")
+        tab.locator("table.overview + .table-pager").first.locator("button").nth(1).click()
+        expect("its pager, a page on", label.inner_text(), f"rows 51\u2013{min(100, per_task)} of {per_task}")
+        expect("its rows shown, a page on", overview.locator("tr:not(:has(th)):visible").count(), min(50, per_task - 50))
+    models = len(world.recipes) * world.checkpoints
+    if models > MAX_BAR_MODELS:
+        said = f"{models} models are more than one bar chart shows"
+        expect("the overview says why it has no bar chart", said in tab.locator("#overview").inner_text(), True)
+    cells = per_task * len(world.tasks)
+    if cells * world.rows > MAX_SAMPLE_ROWS:
+        held = MAX_SAMPLE_ROWS // world.rows
+        expect("the samples note", tab.locator("#samples-note").inner_text().startswith(f"This page holds the samples of {held} of the {cells} cells"), True)
+    return wrong
 
 
 def shape(cells: int, tasks: int, methods: int) -> tuple[int, int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,29 @@ REPO = Path(__file__).resolve().parents[1]
 MIRROR = Path(os.environ.get("SOFTEVAL_TEST_DATA", REPO.parent / "shared" / "benchmarks"))
 
 
+# Tests of a minute or more (on 2 cores), run first and in this order: `make test` hands tests to
+# its parallel workers one at a time, so starting with the longest keeps both busy to the end.
+# The testbed's study comes first (its shared build and study take one worker about 5 minutes);
+# the in-loop test, which needs that build and then the study, comes after tests that take the
+# other worker as long as the build does, so that it waits for neither.
+FIRST = [
+    "test_testbed.py::test_a_study_of_the_testbed_states_every_claim",
+    "test_testbed.py::test_another_seed_makes_another_world",
+    "test_lm_eval_registry.py::test_every_registry_task_builds",
+    "test_testbed.py::test_recipes_evaluated_in_their_loop",
+    "test_crash_safety.py::test_killed_",
+    "test_series.py::test_a_tiny_pretraining_run_is_analysed_end_to_end",
+    "test_lm_eval_tasks.py::test_knowledge_equals_lm_evals_own_metric",
+]
+
+
+def _first(item) -> int:
+    where = f"{item.path.name}::{item.name}"
+    return next((k for k, prefix in enumerate(FIRST) if where.startswith(prefix)), len(FIRST))
+
+
 def pytest_collection_modifyitems(items):
+    items.sort(key=_first)  # stable: every other test keeps its place
     if not MIRROR.is_dir():
         skip = pytest.mark.skip(reason=f"benchmark mirror not found at {MIRROR} (set SOFTEVAL_TEST_DATA)")
         for item in items:
@@ -100,6 +124,30 @@ def tiny_gemma(tiny_model_dirs):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    # `make test` runs one pytest-xdist worker per core: each computes on its share of the cores,
+    # as do the processes it starts (more threads than cores slow every worker down many times)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> tuple[Path, object]:
+    """A folder that `build(folder)` fills, built once per test session and shared by all of
+    pytest-xdist's workers: the first to ask builds it under a lock, the others wait and read it.
+    Returns the folder and what `build` returned (JSON-able)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder, built = root / name, root / f"{name}.built.json"
+    with FileLock(root / f"{name}.lock"):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+            built.write_text(json.dumps(build(folder)))
+    return folder, json.loads(built.read_text())
 
 
 def pytest_runtest_setup(item):

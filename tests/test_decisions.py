@@ -30,6 +30,12 @@ def test_vectorised_decision_accuracy_is_the_pairwise_definition():
         expected = decision_accuracy(scores, target)
         got = decision_accuracies(scores, target)
         assert (np.isnan(got) and expected is None) or got == pytest.approx(expected)
+    # along trailing axes at once, as the resamples are: (recipes, budgets, resamples) against (recipes, 1, resamples)
+    scores, target = rng.integers(0, 4, size=(6, 3, 50)) / 4, rng.integers(0, 3, size=(6, 1, 50)) / 2
+    got = decision_accuracies(scores, target)
+    for b, r in np.ndindex(3, 50):
+        expected = decision_accuracy(scores[:, b, r], target[:, 0, r])
+        assert (np.isnan(got[b, r]) and expected is None) or got[b, r] == pytest.approx(expected)
 
 
 def test_decision_accuracy_per_budget_mean_and_earliest_by_hand():

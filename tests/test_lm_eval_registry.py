@@ -21,7 +21,11 @@ def _outcome(name: str, message: str) -> str:
     return re.split(r"[;(]", general)[0].strip()
 
 
-def test_every_registry_task_builds_or_is_refused_in_one_line(caplog):
+SHARDS = 4  # every fourth task of the sorted registry per test: the shards run side by side under pytest-xdist
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_registry_task_builds_or_is_refused_in_one_line(caplog, shard):
     from lm_eval.tasks._index import Kind
 
     from softeval.tasks import load_task
@@ -29,8 +33,10 @@ def test_every_registry_task_builds_or_is_refused_in_one_line(caplog):
 
     caplog.set_level(logging.CRITICAL)  # lm-eval's own notes while it reads configurations
     names = sorted(name for name, entry in _task_manager().task_index.items() if entry.kind == Kind.TASK)
+    assert len(names) > 10_000
+    tried = names[shard::SHARDS]
     outcomes = Counter()
-    for name in names:
+    for name in tried:
         try:
             load_task(f"lm-eval:{name}")
         except SoftevalError as exc:  # anything else fails the test: a crash, an exit
@@ -39,5 +45,5 @@ def test_every_registry_task_builds_or_is_refused_in_one_line(caplog):
             outcomes[_outcome(name, message)] += 1
         else:
             outcomes["builds"] += 1
-    assert len(names) > 10_000
-    assert outcomes["builds"] / len(names) > 0.85, outcomes.most_common()  # 11,610 of 13,093 (docs/tasks.md)
+    # 11,610 of 13,093 build (docs/tasks.md); every fourth task by name is a sample of them all
+    assert outcomes["builds"] / len(tried) > 0.85, outcomes.most_common()

@@ -422,6 +422,32 @@ def test_the_analysis_chart_plots_the_metric_it_decides_on(tmp_path):
     assert (tmp_path / "analysis_quiz.png").is_file()
 
 
+def test_a_chart_of_many_recipes_and_checkpoints_keeps_each_recipe_apart_and_draws_no_more_points_than_pixels():
+    """25 recipes of 500 checkpoints each: every recipe a (colour, line style) of its own, each
+    curve thinned to MAX_CURVE_POINTS points that keep its first and last, no markers, and the
+    title says the curves were thinned."""
+    import matplotlib.pyplot as plt
+
+    from softeval.reports.series import MAX_CURVE_POINTS, curves_figure
+
+    n = 500
+    names = [f"r{i}" for i in range(25)]
+    curve = lambda i: [{"value": i / 100 + k / 10_000, "ci_low": None, "ci_high": None} for k in range(n)]  # noqa: E731
+    found = {"axis": "step", "x": {name: list(range(10, 10 * n + 1, 10)) for name in names},
+             "curves": {"zero-shot": {"task_accuracy": {name: curve(i) for i, name in enumerate(names)}}}}
+    fig = curves_figure(found, "quiz", "task_accuracy")
+    try:
+        lines = fig.axes[0].get_lines()
+        assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == len(names) == len(lines)
+        for i, line in enumerate(lines):
+            xs, ys = list(line.get_xdata()), list(line.get_ydata())
+            assert len(xs) == MAX_CURVE_POINTS and (xs[0], xs[-1]) == (10, 10 * n) and line.get_marker() in (None, "None", "")
+            assert ys == [curve(i)[x // 10 - 1]["value"] for x in xs]  # the points drawn are the curve's own
+        assert fig.get_suptitle() == f"quiz (curves of {n} checkpoints drawn at {MAX_CURVE_POINTS} points each)"
+    finally:
+        plt.close(fig)
+
+
 def test_an_analysis_names_the_task_it_could_not_analyse_and_why(tmp_path):
     import shutil
 

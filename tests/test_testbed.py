@@ -8,6 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from conftest import built_once
 from softeval.cli import app
 from softeval.testbed.world import ATTRIBUTES, make_world
 
@@ -102,34 +103,50 @@ def test_post_training_asks_each_task_as_its_prompt_does_about_people_neither_te
     assert not [user for user, _ in pairs if any(name in user for name in unseen)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def testbed(mirror, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("testbed") / "bed"
-    result = runner.invoke(app, ["testbed", str(folder), "--data-dir", str(mirror)])
-    assert result.exit_code == 0, result.output
-    return folder, result.output
+    """The small testbed (seed 0) and what its build printed: built once per test session, shared
+    by the parallel test workers."""
+
+    def build(folder):
+        result = runner.invoke(app, ["testbed", str(folder), "--data-dir", str(mirror)])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    return built_once(tmp_path_factory, "testbed", build)
 
 
-def test_the_small_testbed_holds_its_design(testbed, mirror, tmp_path):
+def test_the_small_testbed_holds_its_design(testbed):
     folder, printed = testbed
     design = json.loads((folder / "design.json").read_text())
     assert all(design["checks"].values()), design
     assert "holds: best recipe knows >= 60% of test facts" in printed
-    # another seed, another world: the same design
+
+
+def test_another_seed_makes_another_world_of_the_same_design(mirror, tmp_path):
+    """Seed 1's small testbed holds the design too, and asks about another world than seed 0's
+    (whose tasks are written here without building it, so that this test and the shared seed-0
+    build run side by side)."""
+    from softeval.testbed.build import SIZES
+    from softeval.testbed.tasks import write_tasks
+
     other = runner.invoke(app, ["testbed", str(tmp_path / "seed1"), "--seed", "1", "--data-dir", str(mirror)])
     assert other.exit_code == 0, other.output
     assert all(json.loads((tmp_path / "seed1" / "design.json").read_text())["checks"].values())
-    assert (tmp_path / "seed1" / "tasks" / "test.jsonl").read_text() != (folder / "tasks" / "test.jsonl").read_text()
+    seed0 = write_tasks(make_world(0, SIZES["small"].people, SIZES["small"].splits), tmp_path / "seed0")
+    assert (tmp_path / "seed1" / "tasks" / "test.jsonl").read_text() != seed0["world_qa"].with_name("test.jsonl").read_text()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def studied(testbed, tmp_path_factory):
-    """The testbed's study, run on its saved checkpoints and references."""
+    """The testbed's study, run on its saved checkpoints and references (once per test session)."""
     folder, _ = testbed
-    out = tmp_path_factory.mktemp("studied") / "out"
-    result = runner.invoke(app, ["study", str(folder / "study.yaml"), "--output", str(out)])
-    assert result.exit_code == 0, result.output
-    return out
+
+    def study(out):
+        result = runner.invoke(app, ["study", str(folder / "study.yaml"), "--output", str(out)])
+        assert result.exit_code == 0, result.output
+
+    return built_once(tmp_path_factory, "studied", study)[0]
 
 
 def test_a_study_of_the_testbed_states_every_claim_and_the_agreement_with_true_knowledge(testbed, studied):
@@ -186,7 +203,7 @@ def test_no_estimate_of_the_testbed_study_lies_outside_its_interval(studied):
     assert not outside, outside[:5]
 
 
-def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of_their_checkpoints(testbed, studied, mirror, tmp_path):
+def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of_their_checkpoints(testbed, mirror, tmp_path, request):
     """`softeval testbed --recipes base,short --in-loop OUT`: the two recipes train to the same
     checkpoints, byte for byte, as in the whole testbed built without evaluations (there, each
     recipe trained in a worker process of its own; here, in this one between evaluations), and every cell
@@ -203,7 +220,8 @@ def test_recipes_evaluated_in_their_loop_train_as_before_and_score_as_a_study_of
     for recipe in ("base", "short"):
         for saved in sorted((folder / "runs" / recipe).glob("checkpoint-*/model.safetensors")):
             assert (tmp_path / "bed" / saved.relative_to(folder)).read_bytes() == saved.read_bytes()
-    study = {cell_key(c): c for c in finished_cells(studied)}
+    # the study is asked for only now: where another test worker is running it, the two overlap
+    study = {cell_key(c): c for c in finished_cells(request.getfixturevalue("studied"))}
     cells = finished_cells(live)
     assert len(cells) == 2 * 5 * 2 * 4 + 2 * 2 * 2  # checkpoints x tasks x methods, and the references plain and chat
     for cell in cells:

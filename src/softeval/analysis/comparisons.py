@@ -4,6 +4,7 @@ output folder (comparison.md and comparison.json), with paired differences betwe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,8 @@ def finished_cells(folder: Path) -> list[EvalResult]:
     kept = {(cell.folder, cell.files) for cells in _read.values() for _, cell in cells.values()}
     for done in [k for k in _paired_done if (k[0], k[1]) not in kept or (k[2], k[3]) not in kept]:
         del _paired_done[done]
+    for done in [k for k in _derived if any(cell not in kept for cell in k[0])]:
+        del _derived[done]
     results = [cell for _, cell in now.values()]
     rank = {m: i for i, m in enumerate(METHODS)}
     return sorted(results, key=lambda r: (r.config["task"], r.config["model"], rank.get(r.config["method"], 99), bool(r.config.get("chat"))))
@@ -174,6 +177,23 @@ def evaluated_on(result: EvalResult) -> tuple:
     between cells that agree on both: cells are paired row by row only then."""
     data = result.data
     return data.get("spec_sha256"), data.get("split"), data.get("sha256") or data.get("source")
+
+
+# figures computed from one cell's rows or a pair's (a checkpoint's point on a curve, its format
+# gap), by the cells' folders and files and what else they depend on: a folder analysed again
+# after each checkpoint computes only the new checkpoints' figures
+_derived: dict[tuple, dict] = {}
+
+
+def derived(cells: Sequence[EvalResult], what: tuple, compute: Callable[[], dict]) -> dict:
+    """`compute()`, or what it gave before for the same cells' files and the same `what` (every
+    other input it reads, hashable); a copy either way, so a reader's change stays its own."""
+    if any(cell.files is None for cell in cells):  # cells not read from a folder: nothing to know them by
+        return compute()
+    key = (tuple((cell.folder, cell.files) for cell in cells), what)
+    if key not in _derived:
+        _derived[key] = compute()
+    return dict(_derived[key])
 
 
 def common_rows(results: list[EvalResult]) -> list[int]:

@@ -37,13 +37,18 @@ def decision_accuracies(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
     the trailing axes at once: over pairs the target orders, 1 where the scores order them
     alike, 0.5 where the scores tie, 0 otherwise; nan where the target ties every pair."""
     scores, target = np.round(scores, _DECIMALS), np.round(target, _DECIMALS)
-    i, j = np.triu_indices(scores.shape[0], k=1)
-    # the target's order of each pair before broadcasting: one target draw serves every budget
-    wanted, given = np.broadcast_arrays(np.sign(target[i] - target[j]), np.sign(scores[i] - scores[j]))
-    counted = wanted != 0
-    alike, tied = ((given == wanted) & counted).sum(axis=0), ((given == 0) & counted).sum(axis=0)
-    n = counted.sum(axis=0)
-    return np.divide(alike + 0.5 * tied, n, out=np.full(n.shape, np.nan), where=n > 0)
+    shape = np.broadcast_shapes(scores.shape[1:], target.shape[1:])
+    alike, tied, ordered = (np.zeros(shape, dtype=np.int64) for _ in range(3))
+    # recipe a against every later recipe, as comparisons (booleans): no float copy of a pair's
+    # values is made, and one target draw serves every budget by broadcasting
+    for a in range(scores.shape[0] - 1):
+        above, below = target[a] > target[a + 1 :], target[a] < target[a + 1 :]
+        higher, lower = scores[a] > scores[a + 1 :], scores[a] < scores[a + 1 :]
+        counted = above | below
+        alike += ((higher & above) | (lower & below)).sum(axis=0)
+        tied += (~(higher | lower) & counted).sum(axis=0)
+        ordered += counted.sum(axis=0)
+    return np.divide(alike + 0.5 * tied, ordered, out=np.full(shape, np.nan), where=ordered > 0)
 
 
 def averaged(table: np.ndarray, n: int = AVERAGED) -> np.ndarray:

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.stats import kendalltau
 
-from softeval.analysis.comparisons import cell_flags, cell_key, common_rows, finished_cells, outcome_table, undermining
+from softeval.analysis.comparisons import cell_flags, cell_key, common_rows, derived, finished_cells, outcome_table, undermining
 from softeval.analysis.decisions import compare_decisions, decision_accuracies, decision_difference
 from softeval.analysis.stats import (
     CONFIDENCE,
@@ -339,8 +339,25 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
     found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "target_scores": dict(zip(names, target.mean(axis=1).tolist())),
              "target_flags": {model: flags for model, flags in target_flags.items() if flags},
              "curves": {}, "decisions": {}, "earliest": {}, "earliest_shown": {}, "recipes": {}, "spread_over_noise": {}, "format_gap": {}}
+    drawn = (np.asarray(rows).tobytes(), n_resamples, seed)  # what a cell's figures depend on besides its files
+
+    def curve(name: str, method: str, metric: str) -> list[dict]:
+        field, points = CURVE_METRICS[metric], []
+        for p in series[name]:  # each checkpoint's point computed once, kept by its cell's files
+            cell = cells[(p["model"], task, method, False)]
+            points.append(derived([cell], ("curve", field, *drawn), lambda cell=cell: _point(outcome_table([cell], rows, field), n_resamples, seed)))
+        return points
+
+    def gap(pair: list) -> dict:  # the soft prompt's task accuracy minus the other method's, on the same rows
+        soft, baseline = outcome_table(pair, rows, CURVE_METRICS["task_accuracy"])
+        return paired_difference(soft, baseline, n_resamples=n_resamples, seed=seed).model_dump()
+
+    def format_gap(name: str, other: str) -> list[dict]:
+        pairs = [[cells[(p["model"], task, "soft-prompt", False)], cells[(p["model"], task, other, False)]] for p in series[name]]
+        return [derived(pair, ("format_gap", *drawn), lambda pair=pair: gap(pair)) for pair in pairs]
+
     for method in methods:
-        found["curves"][method] = {metric: {n: _curve(table(n, method, metric), n_resamples, seed) for n in names} for metric in CURVE_METRICS}
+        found["curves"][method] = {metric: {n: curve(n, method, metric) for n in names} for metric in CURVE_METRICS}
         scored = [table(n, method, target_metric) for n in names]
         budgets_found = decisions(scored, x, target, n_resamples=n_resamples, seed=seed)
         found["decisions"][method] = [b.model_dump() for b in budgets_found]
@@ -358,11 +375,7 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
                             other_target=_other_target(series, references, by_reference, cells, task, methods))
     for other in ("zero-shot", "few-shot"):
         if "soft-prompt" in methods and other in methods:
-            found["format_gap"][other] = {
-                n: [paired_difference(a, b, n_resamples=n_resamples, seed=seed).model_dump()
-                    for a, b in zip(table(n, "soft-prompt", "task_accuracy"), table(n, other, "task_accuracy"))]
-                for n in names
-            }
+            found["format_gap"][other] = {n: format_gap(n, other) for n in names}
     return found
 
 
@@ -509,7 +522,6 @@ def _notes(found: dict, target_cells: dict, rows: list[int], metric: str, thresh
     return notes
 
 
-def _curve(table: np.ndarray, n_resamples: int, seed: int) -> list[dict]:
-    """Each checkpoint's score with its 95% interval (rows resampled)."""
-    boot = resampled_means(table, n_resamples, seed)
-    return [quantile_interval(float(table[k].mean()), boot[k]).model_dump() for k in range(len(table))]
+def _point(table: np.ndarray, n_resamples: int, seed: int) -> dict:
+    """A checkpoint's score, from its (1, rows) table, with its 95% interval (rows resampled)."""
+    return quantile_interval(float(table[0].mean()), resampled_means(table, n_resamples, seed)[0]).model_dump()

@@ -442,33 +442,35 @@ def _pair_counts(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 def _sorted_counts(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What `_pair_counts` gives, by sorting: of the n(n-1)/2 pairs, those tied in x, in y and in
     both, and the discordant ones, give concordant - discordant = pairs - tied x - tied y + tied
-    both - 2 discordant."""
+    both - 2 discordant. Two sorts per row serve all four counts: by x then y (ties in x and in
+    both are runs there), and that order's y values by value (ties in y, and y's dense ranks)."""
     n = x.shape[-1]
     pairs = n * (n - 1) // 2
-    tied_x, tied_y, tied_both = _tied_pairs(x), _tied_pairs(y), _tied_pairs(x, y)
-    numerator = pairs - tied_x - tied_y + tied_both - 2 * _discordant_pairs(x, y)
-    return numerator.astype(float), (pairs - tied_x).astype(float), (pairs - tied_y).astype(float)
+    by_x = np.lexsort((y, x), axis=-1)
+    xs, ys = np.take_along_axis(x, by_x, axis=-1), np.take_along_axis(y, by_x, axis=-1)
+    same_x = xs[:, 1:] == xs[:, :-1]
+    tied_x, tied_both = _run_pairs(same_x), _run_pairs(same_x & (ys[:, 1:] == ys[:, :-1]))
+    by_y = np.argsort(ys, axis=-1, kind="stable")
+    ordered_y = np.take_along_axis(ys, by_y, axis=-1)
+    same_y = ordered_y[:, 1:] == ordered_y[:, :-1]
+    ranks = np.empty(ys.shape, dtype=np.int64)  # 1 for the smallest y, each larger value the next whole number
+    np.put_along_axis(ranks, by_y, 1 + np.concatenate([np.zeros((len(ys), 1), dtype=np.int64), np.cumsum(~same_y, axis=-1)], axis=-1), axis=-1)
+    numerator = pairs - tied_x - _run_pairs(same_y) + tied_both - 2 * _discordant_pairs(ranks)
+    return numerator.astype(float), (pairs - tied_x).astype(float), (pairs - _run_pairs(same_y)).astype(float)
 
 
-def _tied_pairs(*keys: np.ndarray) -> np.ndarray:
-    """Per row of (rows, n) arrays: the pairs equal in every key, each row sorted by the keys and
-    each element counting the equal ones before it in its run."""
-    order = np.lexsort(keys[::-1], axis=-1)
-    same = np.ones((keys[0].shape[0], keys[0].shape[1] - 1), dtype=bool)
-    for key in keys:
-        ordered = np.take_along_axis(key, order, axis=-1)
-        same &= ordered[:, 1:] == ordered[:, :-1]
-    position = np.broadcast_to(np.arange(1, keys[0].shape[1]), same.shape)
+def _run_pairs(same: np.ndarray) -> np.ndarray:
+    """Per row of a sorted (rows, n) array, given `same` (each element equal to the one before):
+    the pairs within runs of equal elements, each element counting the equal ones before it."""
+    position = np.broadcast_to(np.arange(1, same.shape[-1] + 1), same.shape)
     run_start = np.maximum.accumulate(np.where(same, 0, position), axis=-1)
     return (position - run_start).sum(axis=-1)
 
 
-def _discordant_pairs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Per row: the pairs that x orders one way and y strictly the other. Sorted by x (ties by y),
-    each element's discordant partners are the earlier ones with a larger y: a Fenwick tree over
-    y's dense ranks counts the earlier ones at or below, every row at once."""
-    order = np.lexsort((y, x), axis=-1)
-    ranks = _dense_ranks(np.take_along_axis(y, order, axis=-1))
+def _discordant_pairs(ranks: np.ndarray) -> np.ndarray:
+    """Per row of y's dense ranks in the order sorted by x (ties by y): the pairs that x orders one
+    way and y strictly the other, each element's earlier partners of a larger y. A Fenwick tree
+    over the ranks counts the earlier ones at or below, every row at once."""
     rows, n = ranks.shape
     size = 1 << int(ranks.max(initial=0)).bit_length()  # the tree holds ranks 1..size-1; 0 and size are sinks
     tree = np.zeros(rows * (size + 1), dtype=np.int64)
@@ -486,16 +488,6 @@ def _discordant_pairs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             tree[base + index] += 1
             index = np.minimum(index + (index & -index), size)
     return discordant
-
-
-def _dense_ranks(values: np.ndarray) -> np.ndarray:
-    """Per row: 1 for the smallest value, each larger value the next whole number."""
-    order = np.argsort(values, axis=-1, kind="stable")
-    ordered = np.take_along_axis(values, order, axis=-1)
-    steps = np.concatenate([np.ones((len(values), 1), dtype=np.int64), (np.diff(ordered, axis=-1) != 0).astype(np.int64)], axis=-1)
-    ranks = np.empty_like(steps)
-    np.put_along_axis(ranks, order, steps.cumsum(axis=-1), axis=-1)
-    return ranks
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filelock import FileLock
 from platformdirs import user_cache_dir
 
 from softeval._io import file_sha256
@@ -168,6 +169,18 @@ def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
     if blocking is not None:
         raise SoftevalError(f"the model cache {root} cannot be a folder: {blocking} is a file; give --cache-dir (or ${CACHE_ENV}) a folder path")
     target.parent.mkdir(parents=True, exist_ok=True)
+    # one conversion at a time: processes that start together on a fresh machine (a study's
+    # workers, a parallel test run) wait for the first, then read what it wrote
+    with FileLock(target.parent / f".{name}.lock"):
+        if (target / MARKER).exists():
+            return target
+        _convert_alias(alias, name, target)
+    return target
+
+
+def _convert_alias(alias: Alias, name: str, target: Path) -> None:
+    """The alias's GGUF weights as safetensors in `target`, written in a scratch folder and moved
+    into place whole."""
     console.print(f"preparing {name}: converting its GGUF weights into {target} (once, about a minute)", highlight=False)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}.") as scratch:
         scratch = Path(scratch)
@@ -179,7 +192,6 @@ def prepare_alias(name: str, cache_dir: str | Path | None = None) -> Path:
         if target.exists():  # a conversion interrupted earlier left no marker
             shutil.rmtree(target)
         os.replace(out, target)
-    return target
 
 
 def load_model(

@@ -247,32 +247,63 @@ def analysis_markdown(analysis: dict) -> str:
 
 
 CURVE_ORDER = ("task_accuracy", "knowledge", "format_following")
+# a panel is about 290 pixels wide: a curve of more checkpoints than this is thinned to this many
+# points (first and last kept), and markers are drawn only where points stay apart
+MAX_CURVE_POINTS = 240
+MAX_MARKED_POINTS = 40
+LINE_STYLES = ("-", "--", ":", "-.")  # beyond 20 recipes, colours repeat with another style
+
+
+def recipe_styles(recipes: list[str]) -> dict[str, dict]:
+    """Each recipe's colour and line style, distinct for up to 80 recipes: tab10's colours up to
+    10 recipes, tab20's up to 20, then tab20's again in the next line style."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10" if len(recipes) <= 10 else "tab20"]
+    return {name: {"color": palette(i % palette.N), "linestyle": LINE_STYLES[i // palette.N % len(LINE_STYLES)]}
+            for i, name in enumerate(recipes)}
+
+
+def thinned(n_points: int) -> list[int]:
+    """The indices of a curve's points that are drawn: all, or MAX_CURVE_POINTS evenly spread."""
+    if n_points <= MAX_CURVE_POINTS:
+        return list(range(n_points))
+    return sorted({round(k * (n_points - 1) / (MAX_CURVE_POINTS - 1)) for k in range(MAX_CURVE_POINTS)})
 
 
 def curves_figure(found: dict, task: str, metric: str):
     """Each recipe's scores against the budget axis: one panel per method (columns) and metric
-    (rows, the one the analysis decides on first), each recipe one colour throughout, its 95%
-    band light enough that the others show through, and the legend outside every panel."""
+    (rows, the one the analysis decides on first), each recipe one colour and style throughout,
+    its 95% band light enough that the others show through, and the legend outside every panel.
+    Curves of more checkpoints than a panel has pixels are thinned, and the figure says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     methods = list(found["curves"])
     metrics = [metric] + [m for m in CURVE_ORDER if m != metric and m in found["curves"][methods[0]]]
     recipes = list(found["x"])
-    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(recipes)}
+    styles = recipe_styles(recipes)
+    drawn = {name: thinned(len(xs)) for name, xs in found["x"].items()}
     fig, axes = plt.subplots(len(metrics), len(methods), figsize=(3.2 * len(methods) + 1.6, 2.4 * len(metrics)), sharex=True, sharey="row",
                              squeeze=False, layout="constrained")
     for row, shown in enumerate(metrics):
         for ax, method in zip(axes[row], methods):
+            bands = []  # every recipe's band in one collection: one artist per panel, not one per recipe
             for name, curve in found["curves"][method][shown].items():
-                xs = found["x"][name]
-                ax.plot(xs, [c["value"] for c in curve], marker="o", markersize=3, linewidth=1.2, color=colours[name], label=name)
-                low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in curve]
-                high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in curve]
-                ax.fill_between(xs, low, high, color=colours[name], alpha=0.08, linewidth=0)
+                xs = [found["x"][name][k] for k in drawn[name]]
+                points = [curve[k] for k in drawn[name]]
+                marker = "o" if len(points) <= MAX_MARKED_POINTS else None
+                ax.plot(xs, [c["value"] for c in points], marker=marker, markersize=3, linewidth=1.2, label=name, **styles[name])
+                low = [c["value"] if c["ci_low"] is None else c["ci_low"] for c in points]
+                high = [c["value"] if c["ci_high"] is None else c["ci_high"] for c in points]
+                bands.append(list(zip(xs, low)) + list(zip(reversed(xs), reversed(high))))
+            colours = [styles[name]["color"] for name in found["curves"][method][shown]]
+            ax.add_collection(PolyCollection(bands, facecolors=colours, alpha=0.08, linewidths=0), autolim=True)
+            ax.autoscale_view()
             if found["axis"] == "tokens":
                 ax.set_xscale("log")  # checkpoints are often spaced by doubling
                 # ticks at 1, 2 and 5 of each power of ten, labelled as budgets are ("200K"): the
@@ -287,7 +318,9 @@ def curves_figure(found: dict, task: str, metric: str):
         axes[row][0].set_ylabel(shown.replace("_", " "))
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", title="recipe", fontsize="small")  # beside the panels, never over their data
-    fig.suptitle(task, fontsize="medium")
+    longest = max(len(xs) for xs in found["x"].values())
+    title = task if longest <= MAX_CURVE_POINTS else f"{task} (curves of {longest} checkpoints drawn at {MAX_CURVE_POINTS} points each)"
+    fig.suptitle(title, fontsize="medium")
     return fig
 
 
