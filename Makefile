@@ -32,9 +32,10 @@ demo: install
 		--limit 50 --steps 40 --eval-every 10 --val-size 16 \
 		--data-dir $(DATA) --output $(OUT)
 
-# one test worker per core, each handed one test at a time, the longest first (tests/conftest.py)
+# one test worker per core (logical: a 2-vCPU machine has 2), each holding two tests at a time, the
+# longest first (tests/conftest.py)
 test: install
-	$(VENV)/bin/pytest -q -n auto --maxschedchunk 1
+	$(VENV)/bin/pytest -q -n logical --maxschedchunk 1
 
 bench-parity: install
 	$(PY) -m pip install -q -e ".[dev]"

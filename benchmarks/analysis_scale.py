@@ -369,15 +369,17 @@ def page_load(world: Program, page: Path) -> tuple[float, list[str]] | None:
     return seconds, wrong
 
 
-def page_views(tab, world: Program) -> list[str]:
-    """What is wrong with the page of the program's folder as a reader sees it in the browser tab
-    (empty where nothing is): per task, the table per recipe and method comes first and is visible,
-    one row per recipe and method over its checkpoints, its first page shown; every cell's table
-    holds each of the task's cells, shows its first 50 and says so, and its pager turns to the
-    next 50; a folder of more models than one bar chart shows says so; and where the samples
-    embedded are capped, the page says whose it holds."""
+def page_views(tab, world: Program, sample_rows: int | None = None) -> list[str]:
+    """What is wrong with the page of the program's folder as a reader sees it in a freshly opened
+    browser tab (empty where nothing is; it turns a pager, so ask once per tab). For every task:
+    the table per recipe and method is visible, one row per recipe and method over its
+    checkpoints, its first page shown; the table of every cell holds each of the task's cells and
+    shows its first 50, and the first task's pager says so and turns to the next 50. A folder of
+    more models than one bar chart shows says so; where the samples embedded are capped at
+    `sample_rows` (the page's cap by default), the page says whose it holds."""
     from softeval.reports.page import MAX_BAR_MODELS, MAX_SAMPLE_ROWS
 
+    sample_rows = MAX_SAMPLE_ROWS if sample_rows is None else sample_rows
     wrong = []
 
     def expect(what: str, got, wanted) -> None:
@@ -387,28 +389,30 @@ def page_views(tab, world: Program) -> list[str]:
     per_recipe, per_task = len(world.recipes) * len(world.methods), len(world.recipes) * world.checkpoints * len(world.methods)
     expect("recipe tables", tab.locator("table.recipes").count(), len(world.tasks))
     expect("cell tables", tab.locator("table.overview").count(), len(world.tasks))
-    recipes = tab.locator("table.recipes").first.locator("tr:not(:has(th))")
-    expect("rows of a recipe table", recipes.count(), per_recipe)
-    expect("its rows shown", tab.locator("table.recipes").first.locator("tr:not(:has(th)):visible").count(), min(20, per_recipe))
-    expect("its first row visible", recipes.first.is_visible(), True)
-    expect("checkpoints of its first row", recipes.first.locator("td").nth(2).inner_text(), f"{world.checkpoints} of {world.checkpoints}")
-    overview = tab.locator("table.overview").first
-    expect("rows of a cell table", overview.locator("tr:not(:has(th))").count(), per_task)
-    expect("its rows shown", overview.locator("tr:not(:has(th)):visible").count(), min(50, per_task))
+    for k, task in enumerate(world.tasks[: tab.locator("table.recipes").count()]):
+        recipes, cells = tab.locator("table.recipes").nth(k), tab.locator("table.overview").nth(k)
+        rows = recipes.locator("tr:not(:has(th))")
+        expect(f"{task}: rows of the recipe table", rows.count(), per_recipe)
+        expect(f"{task}: recipe rows shown", recipes.locator("tr:not(:has(th)):visible").count(), min(20, per_recipe))
+        expect(f"{task}: the recipe table's first row visible", rows.first.is_visible(), True)
+        expect(f"{task}: checkpoints of its first row", rows.first.locator("td").nth(2).inner_text(), f"{world.checkpoints} of {world.checkpoints}")
+        expect(f"{task}: rows of the cell table", cells.locator("tr:not(:has(th))").count(), per_task)
+        expect(f"{task}: cell rows shown", cells.locator("tr:not(:has(th)):visible").count(), min(50, per_task))
     if per_task > 50:
-        label = tab.locator("table.overview + .table-pager span").first
-        expect("its pager", label.inner_text(), f"rows 1\u201350 of {per_task}")
+        cells, label = tab.locator("table.overview").first, tab.locator("table.overview + .table-pager span").first
+        expect("the cell table's pager", label.inner_text(), f"rows 1\u201350 of {per_task}")
         tab.locator("table.overview + .table-pager").first.locator("button").nth(1).click()
         expect("its pager, a page on", label.inner_text(), f"rows 51\u2013{min(100, per_task)} of {per_task}")
-        expect("its rows shown, a page on", overview.locator("tr:not(:has(th)):visible").count(), min(50, per_task - 50))
+        expect("cell rows shown, a page on", cells.locator("tr:not(:has(th)):visible").count(), min(50, per_task - 50))
     models = len(world.recipes) * world.checkpoints
     if models > MAX_BAR_MODELS:
         said = f"{models} models are more than one bar chart shows"
         expect("the overview says why it has no bar chart", said in tab.locator("#overview").inner_text(), True)
-    cells = per_task * len(world.tasks)
-    if cells * world.rows > MAX_SAMPLE_ROWS:
-        held = MAX_SAMPLE_ROWS // world.rows
-        expect("the samples note", tab.locator("#samples-note").inner_text().startswith(f"This page holds the samples of {held} of the {cells} cells"), True)
+    n_cells = per_task * len(world.tasks)
+    if n_cells * world.rows > sample_rows:
+        held = max(1, sample_rows // world.rows)  # whole cells, and always one
+        note = f"This page holds the samples of {held} of the {n_cells} cells"
+        expect("the samples note", tab.locator("#samples-note").inner_text().startswith(note), True)
     return wrong
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,13 +25,15 @@ REPO = Path(__file__).resolve().parents[1]
 MIRROR = Path(os.environ.get("SOFTEVAL_TEST_DATA", REPO.parent / "shared" / "benchmarks"))
 
 
-# Tests of a minute or more (on 2 cores), run first and in this order: `make test` hands tests to
-# its parallel workers one at a time, so starting with the longest keeps both busy to the end.
-# The testbed's study comes first (its shared build and study take one worker about 5 minutes);
-# the in-loop test, which needs that build and then the study, comes after tests that take the
-# other worker as long as the build does, so that it waits for neither.
+# Tests of a minute or more (on 2 cores), run first and in this order: `make test` hands each of
+# its two workers two tests to start with, then one more whenever one ends, so the first four go
+# two to each (1st and 2nd to one, 3rd and 4th to the other) and the longest start at once. The
+# testbed's study (its shared build, then the study: about 5 minutes) starts on one worker beside
+# another seed's build on the other; the in-loop test, which needs the shared build and then the
+# study, comes after the registry's shards, by when both are done or nearly.
 FIRST = [
     "test_testbed.py::test_a_study_of_the_testbed_states_every_claim",
+    "test_lm_eval_registry.py::test_every_registry_task_builds_or_is_refused_in_one_line[0]",
     "test_testbed.py::test_another_seed_makes_another_world",
     "test_lm_eval_registry.py::test_every_registry_task_builds",
     "test_testbed.py::test_recipes_evaluated_in_their_loop",
@@ -125,28 +126,41 @@ def tiny_gemma(tiny_model_dirs):
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
     # `make test` runs one pytest-xdist worker per core: each computes on its share of the cores,
-    # as do the processes it starts (more threads than cores slow every worker down many times)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # as do the processes it starts (more threads than cores slow every worker down many times).
+    # Set here in the process that starts the workers, before they import numpy and torch.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None) or 1)
     if workers > 1:
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
+        threads = str(max(1, cores // workers))
+        for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[variable] = threads
+        torch.set_num_threads(int(threads))
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> tuple[Path, object]:
     """A folder that `build(folder)` fills, built once per test session and shared by all of
     pytest-xdist's workers: the first to ask builds it under a lock, the others wait and read it.
-    Returns the folder and what `build` returned (JSON-able)."""
+    Returns the folder and what `build` returned (JSON-able). A build that failed is not tried
+    again by the next worker: it fails at once, naming the first failure."""
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's folder, above each worker's own
-    folder, built = root / name, root / f"{name}.built.json"
+        root = root.parent / f"shared-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}"  # this session's, above each worker's own
+        root.mkdir(exist_ok=True)
+    folder, built, failed = root / name, root / f"{name}.built.json", root / f"{name}.failed"
     with FileLock(root / f"{name}.lock"):
+        if failed.exists():
+            pytest.fail(f"{name} was built by another test worker and failed there: {failed.read_text()}")
         if not built.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
-            built.write_text(json.dumps(build(folder)))
+            try:
+                made = build(folder)
+            except BaseException as exc:
+                failed.write_text(f"{type(exc).__name__}: {str(exc)[:2000]}")
+                raise
+            partial = built.with_suffix(".partial")
+            partial.write_text(json.dumps(made))
+            os.replace(partial, built)
     return folder, json.loads(built.read_text())
 
 

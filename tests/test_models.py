@@ -233,3 +233,29 @@ def test_a_file_written_just_now_is_hashed_every_time(tmp_path, monkeypatch):
     fingerprint.weights_sha256(tmp_path)
     fingerprint.weights_sha256(tmp_path)
     assert len(reads) == 2 and not (tmp_path / "hashes.json").exists()
+
+
+def test_processes_that_prepare_an_alias_together_convert_it_once(tmp_path, monkeypatch):
+    """Two preparations of one alias started together (a study's workers, the suite's workers on a
+    fresh machine): the second waits for the first's conversion and reads it, converting nothing."""
+    import threading
+    import time
+
+    from softeval.models import loading
+
+    converted = []
+
+    def convert(alias, name, target):  # as the conversion does: a while, then the folder whole
+        converted.append(name)
+        time.sleep(0.5)
+        target.mkdir(parents=True)
+        (target / loading.MARKER).write_text("{}")
+
+    monkeypatch.setattr(loading, "_convert_alias", convert)
+    found = []
+    workers = [threading.Thread(target=lambda: found.append(loading.prepare_alias("gemma-3-270m", cache_dir=tmp_path))) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert converted == ["gemma-3-270m"] and found == [tmp_path / "gemma-3-270m"] * 2

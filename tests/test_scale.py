@@ -92,10 +92,28 @@ def test_a_refresh_reads_only_the_new_cells_and_gives_a_full_analysiss_numbers(s
     refreshed = analyzed(tmp_path)
     new = {world.model(r, world.checkpoints) for r in world.recipes}
     assert loaded and {p.parent.parent.name for p in loaded} == new  # only the new checkpoints' cells were read
-    comparisons._read.clear()  # as a fresh process reads the folder
+    forget_everything_read()  # as a fresh process reads the folder
     assert analyzed(tmp_path) == refreshed
     after = dataclasses.replace(world, checkpoints=world.checkpoints + 1)
     assert scale.truth_found(after, tmp_path) == []
+
+    # a checkpoint's cell rewritten in place (rejudged): the figures kept for it are dropped, and
+    # the analysis is again what a fresh process computes
+    cell = tmp_path / world.model(world.recipes[0], 1) / world.tasks[0] / "soft-prompt"
+    samples = [json.loads(line) for line in (cell / "samples.jsonl").read_text().splitlines()]
+    for sample in samples[:10]:
+        sample["task_correct"] = not sample["task_correct"]
+    (cell / "samples.jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    rejudged = analyzed(tmp_path)
+    assert rejudged != refreshed
+    forget_everything_read()
+    assert analyzed(tmp_path) == rejudged
+
+
+def forget_everything_read() -> None:
+    """What a process keeps of the folders it read: cells, paired differences, figures per cell."""
+    for kept in (comparisons._read, comparisons._paired_done, comparisons._derived):
+        kept.clear()
 
 
 def test_the_page_of_a_large_folder_opens_with_aggregated_views_and_paged_tables(scale, tmp_path, browser, monkeypatch):  # noqa: F811
@@ -113,7 +131,7 @@ def test_the_page_of_a_large_folder_opens_with_aggregated_views_and_paged_tables
     assert page.errors == []
     # what the benchmark checks at every size (6,000 cells included): the recipe views first and
     # visible, every cell's table paged and saying so, the bar chart and samples caps said
-    assert scale.page_views(page, world) == []
+    assert scale.page_views(page, world, sample_rows=250) == []
     # the samples embedded are the last checkpoints' first
     shown = json.loads(page.locator("#samples-data").inner_text())
     last = {world.model(r, world.checkpoints - 1) for r in world.recipes}
@@ -121,5 +139,5 @@ def test_the_page_of_a_large_folder_opens_with_aggregated_views_and_paged_tables
     assert page.locator("#sample-count").inner_text() == f"{12 * world.rows} of {12 * world.rows} samples"
     # the check can fail: the page of a program of other checkpoints is not this one
     other = dataclasses.replace(world, checkpoints=world.checkpoints - 1)
-    assert "checkpoints of its first row: '8 of 8', expected '7 of 7'" in scale.page_views(page, other)
+    assert "facts_00: checkpoints of its first row: '8 of 8', expected '7 of 7'" in scale.page_views(page, other, sample_rows=250)
     page.close()

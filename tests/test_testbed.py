@@ -116,11 +116,17 @@ def testbed(mirror, tmp_path_factory):
     return built_once(tmp_path_factory, "testbed", build)
 
 
-def test_the_small_testbed_holds_its_design(testbed):
+def test_the_small_testbed_holds_its_design(testbed, tmp_path):
+    from softeval.testbed.build import SIZES
+    from softeval.testbed.tasks import write_tasks
+
     folder, printed = testbed
     design = json.loads((folder / "design.json").read_text())
     assert all(design["checks"].values()), design
     assert "holds: best recipe knows >= 60% of test facts" in printed
+    # its tasks are seed 0's world as written without a build (what the other seed's test compares with)
+    written = write_tasks(make_world(0, SIZES["small"].people, SIZES["small"].splits), tmp_path)
+    assert (folder / "tasks" / "test.jsonl").read_text() == written["world_qa"].with_name("test.jsonl").read_text()
 
 
 def test_another_seed_makes_another_world_of_the_same_design(mirror, tmp_path):

@@ -35,7 +35,8 @@ _DECIMALS = 12  # scores equal up to float noise tie, as they do on paper
 def decision_accuracies(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Decision accuracy of (recipes, ...) scores against (recipes, ...) target values, along
     the trailing axes at once: over pairs the target orders, 1 where the scores order them
-    alike, 0.5 where the scores tie, 0 otherwise; nan where the target ties every pair."""
+    alike, 0.5 where the scores tie, 0 otherwise; nan where the target ties every pair. Scores
+    and target are finite (means of outcomes): a NaN would count as a tie here."""
     scores, target = np.round(scores, _DECIMALS), np.round(target, _DECIMALS)
     shape = np.broadcast_shapes(scores.shape[1:], target.shape[1:])
     alike, tied, ordered = (np.zeros(shape, dtype=np.int64) for _ in range(3))

@@ -339,13 +339,13 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
     found = {"rows": len(rows), "axis": axis, "x": dict(zip(names, x)), "target_scores": dict(zip(names, target.mean(axis=1).tolist())),
              "target_flags": {model: flags for model, flags in target_flags.items() if flags},
              "curves": {}, "decisions": {}, "earliest": {}, "earliest_shown": {}, "recipes": {}, "spread_over_noise": {}, "format_gap": {}}
-    drawn = (np.asarray(rows).tobytes(), n_resamples, seed)  # what a cell's figures depend on besides its files
+    inputs = (np.asarray(rows).tobytes(), n_resamples, seed)  # what a cell's figures depend on besides its files
 
     def curve(name: str, method: str, metric: str) -> list[dict]:
         field, points = CURVE_METRICS[metric], []
         for p in series[name]:  # each checkpoint's point computed once, kept by its cell's files
             cell = cells[(p["model"], task, method, False)]
-            points.append(derived([cell], ("curve", field, *drawn), lambda cell=cell: _point(outcome_table([cell], rows, field), n_resamples, seed)))
+            points.append(derived([cell], ("curve", field, *inputs), lambda cell=cell: _point(outcome_table([cell], rows, field), n_resamples, seed)))
         return points
 
     def gap(pair: list) -> dict:  # the soft prompt's task accuracy minus the other method's, on the same rows
@@ -354,7 +354,7 @@ def _task_analysis(series: dict, references: dict, by_reference: bool, cells: di
 
     def format_gap(name: str, other: str) -> list[dict]:
         pairs = [[cells[(p["model"], task, "soft-prompt", False)], cells[(p["model"], task, other, False)]] for p in series[name]]
-        return [derived(pair, ("format_gap", *drawn), lambda pair=pair: gap(pair)) for pair in pairs]
+        return [derived(pair, ("format_gap", *inputs), lambda pair=pair: gap(pair)) for pair in pairs]
 
     for method in methods:
         found["curves"][method] = {metric: {n: curve(n, method, metric) for n in names} for metric in CURVE_METRICS}

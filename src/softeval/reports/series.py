@@ -318,7 +318,7 @@ def curves_figure(found: dict, task: str, metric: str):
         axes[row][0].set_ylabel(shown.replace("_", " "))
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", title="recipe", fontsize="small")  # beside the panels, never over their data
-    longest = max(len(xs) for xs in found["x"].values())
+    longest = max((len(xs) for xs in found["x"].values()), default=0)
     title = task if longest <= MAX_CURVE_POINTS else f"{task} (curves of {longest} checkpoints drawn at {MAX_CURVE_POINTS} points each)"
     fig.suptitle(title, fontsize="medium")
     return fig
