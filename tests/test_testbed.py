@@ -131,8 +131,8 @@ def test_the_small_testbed_holds_its_design(testbed, tmp_path):
 
 def test_another_seed_makes_another_world_of_the_same_design(mirror, tmp_path):
     """Seed 1's small testbed holds the design too, and asks about another world than seed 0's
-    (whose tasks are written here without building it, so that this test and the shared seed-0
-    build run side by side)."""
+    (whose tasks are written here without building it: this test needs nothing of the shared
+    seed-0 build)."""
     from softeval.testbed.build import SIZES
     from softeval.testbed.tasks import write_tasks
 
