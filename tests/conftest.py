@@ -125,16 +125,16 @@ def tiny_gemma(tiny_model_dirs):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
-    # `make test` runs one pytest-xdist worker per core: each computes on its share of the cores,
-    # as do the processes it starts (more threads than cores slow every worker down many times).
-    # Set here in the process that starts the workers, before they import numpy and torch.
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None) or 1)
+    # `make test` runs one pytest-xdist worker per core: each runs torch, and the processes it
+    # starts, on its share of the cores (more torch threads than cores slow every worker down
+    # many times). numpy's BLAS keeps its threads (one run each: the suite took 14.9 minutes so,
+    # 20 with OpenBLAS held to one thread per worker too).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this process may use
-        threads = str(max(1, cores // workers))
-        for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[variable] = threads
-        torch.set_num_threads(int(threads))
+        threads = max(1, cores // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> tuple[Path, object]:

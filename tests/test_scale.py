@@ -111,8 +111,8 @@ def test_a_refresh_reads_only_the_new_cells_and_gives_a_full_analysiss_numbers(s
 
 
 def forget_everything_read() -> None:
-    """What a process keeps of the folders it read: cells, paired differences, figures per cell."""
-    for kept in (comparisons._read, comparisons._paired_done, comparisons._derived):
+    """What a process keeps of the folders it read: its cells and the figures computed from them."""
+    for kept in (comparisons._read, comparisons._derived):
         kept.clear()
 
 

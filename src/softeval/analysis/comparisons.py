@@ -107,8 +107,6 @@ def finished_cells(folder: Path) -> list[EvalResult]:
     while len(_read) > _FOLDERS_KEPT:
         del _read[next(iter(_read))]
     kept = {(cell.folder, cell.files) for cells in _read.values() for _, cell in cells.values()}
-    for done in [k for k in _paired_done if (k[0], k[1]) not in kept or (k[2], k[3]) not in kept]:
-        del _paired_done[done]
     for done in [k for k in _derived if any(cell not in kept for cell in k[0])]:
         del _derived[done]
     results = [cell for _, cell in now.values()]
@@ -143,27 +141,20 @@ def paired_comparisons(results: list[EvalResult], *, seed: int = 0) -> list[dict
     return comparisons
 
 
-# paired differences already computed, by both cells' folders and files (see `EvalResult.files`):
-# the comparison and the page of one folder compare the same pairs, and a folder refreshed after
-# each checkpoint compares its older pairs again
-_paired_done: dict[tuple, dict | None] = {}
-
-
 def _paired(result: EvalResult, other: EvalResult, seed: int) -> dict | None:
     """The rows both cells evaluated (n) and the paired difference on them of each paired metric;
-    None below 2 rows."""
-    key = (result.folder, result.files, other.folder, other.files, seed) if result.files and other.files else None
-    if key is not None and key in _paired_done:
-        return _paired_done[key]
+    None below 2 rows. Computed once per pair of cells' files: the comparison and the page of one
+    folder compare the same pairs, and a folder refreshed after each checkpoint its older pairs."""
+    return derived([result, other], ("paired", seed), lambda: _paired_difference(result, other, seed))
+
+
+def _paired_difference(result: EvalResult, other: EvalResult, seed: int) -> dict | None:
     a, b = result.rows, other.rows
     rows = np.intersect1d(a.index, b.index)
-    entry = None
-    if len(rows) >= 2:
-        entry = {"n": len(rows)} | {metric: paired_difference(a.values(field, rows), b.values(field, rows), seed=seed).model_dump()
-                                    for metric, field in PAIRED_METRICS.items()}
-    if key is not None:
-        _paired_done[key] = entry
-    return entry
+    if len(rows) < 2:
+        return None
+    return {"n": len(rows)} | {metric: paired_difference(a.values(field, rows), b.values(field, rows), seed=seed).model_dump()
+                               for metric, field in PAIRED_METRICS.items()}
 
 
 def cell_key(result: EvalResult) -> tuple[str, str, str, bool]:
@@ -179,13 +170,13 @@ def evaluated_on(result: EvalResult) -> tuple:
     return data.get("spec_sha256"), data.get("split"), data.get("sha256") or data.get("source")
 
 
-# figures computed from one cell's rows or a pair's (a checkpoint's point on a curve, its format
-# gap), by the cells' folders and files and what else they depend on: a folder analysed again
-# after each checkpoint computes only the new checkpoints' figures
-_derived: dict[tuple, dict] = {}
+# figures computed from one cell's rows or a pair's (a paired difference, a checkpoint's point on
+# a curve, its format gap), by the cells' folders and files and what else they depend on: a
+# folder analysed again after each checkpoint computes only the new cells' figures
+_derived: dict[tuple, dict | None] = {}
 
 
-def derived(cells: Sequence[EvalResult], what: tuple, compute: Callable[[], dict]) -> dict:
+def derived(cells: Sequence[EvalResult], what: tuple, compute: Callable[[], dict | None]) -> dict | None:
     """`compute()`, or what it gave before for the same cells' files and the same `what` (every
     other input it reads, hashable); a copy either way, so a reader's change stays its own."""
     if any(cell.files is None for cell in cells):  # cells not read from a folder: nothing to know them by
@@ -193,7 +184,7 @@ def derived(cells: Sequence[EvalResult], what: tuple, compute: Callable[[], dict
     key = (tuple((cell.folder, cell.files) for cell in cells), what)
     if key not in _derived:
         _derived[key] = compute()
-    return dict(_derived[key])
+    return None if _derived[key] is None else dict(_derived[key])
 
 
 def common_rows(results: list[EvalResult]) -> list[int]:

@@ -455,8 +455,9 @@ def _sorted_counts(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
     same_y = ordered_y[:, 1:] == ordered_y[:, :-1]
     ranks = np.empty(ys.shape, dtype=np.int64)  # 1 for the smallest y, each larger value the next whole number
     np.put_along_axis(ranks, by_y, 1 + np.concatenate([np.zeros((len(ys), 1), dtype=np.int64), np.cumsum(~same_y, axis=-1)], axis=-1), axis=-1)
-    numerator = pairs - tied_x - _run_pairs(same_y) + tied_both - 2 * _discordant_pairs(ranks)
-    return numerator.astype(float), (pairs - tied_x).astype(float), (pairs - _run_pairs(same_y)).astype(float)
+    tied_y = _run_pairs(same_y)
+    numerator = pairs - tied_x - tied_y + tied_both - 2 * _discordant_pairs(ranks)
+    return numerator.astype(float), (pairs - tied_x).astype(float), (pairs - tied_y).astype(float)
 
 
 def _run_pairs(same: np.ndarray) -> np.ndarray:
