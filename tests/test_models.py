@@ -51,6 +51,64 @@ def test_unreadable_gguf(tmp_path):
         load_model(str(bad))
 
 
+def write_tiny_gguf(path: Path) -> Path:
+    """A tiny llama as a GGUF file: a byte-level BPE tokenizer of 320 tokens trained here, random
+    float32 weights, written with the gguf package's own writer."""
+    import json
+
+    import gguf
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(["The capital of France is Paris.", "Question: which gas do plants take in? Answer: carbon dioxide"], trainer)
+    vocab = bpe.get_vocab()
+    merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(256), writer.add_embedding_length(64), writer.add_feed_forward_length(128), writer.add_block_count(2)
+    writer.add_head_count(4), writer.add_head_count_kv(2), writer.add_layer_norm_rms_eps(1e-6), writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2"), writer.add_token_list(sorted(vocab, key=vocab.get)), writer.add_token_merges(merges)
+    writer.add_token_types([1] * len(vocab)), writer.add_bos_token_id(0), writer.add_eos_token_id(0)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    names |= {f"model.layers.{i}.{hf}.weight": f"blk.{i}.{name}.weight" for i in range(2) for hf, name in parts.items()}
+    for name, tensor in model.state_dict().items():
+        if name in names:  # lm_head is tied to the embeddings
+            writer.add_tensor(names[name], tensor.numpy())
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    return path
+
+
+def test_a_gguf_file_loads_from_one_parse_as_from_transformers_three(tmp_path, monkeypatch):
+    """transformers parses a GGUF file for its tokenizer, again for its config and again for its
+    weights; softeval's load parses it once, and gets the same tokens and weights."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    parses, parse = [], gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args, **kwargs: parses.append(args) or parse(*args, **kwargs))
+    lm = load_model(str(path), device="cpu")
+    assert len(parses) == 1
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    assert len(parses) == 4
+    text = "Question: which gas do plants take in? Answer:"
+    assert lm.tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"]
+    ours, theirs = lm.model.state_dict(), model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_config_identity_ignores_where_and_in_which_dtype_a_model_loads(tiny_model_dirs):
     import torch
 
