@@ -14,9 +14,9 @@ import softeval
 
 SOURCE = Path(softeval.__file__).parent
 
-# lowest first; the base modules (errors, _io, _lazy, _charts, progress) serve every layer
+# lowest first; the base modules (errors, _io, _lazy, _memo, _charts, progress) serve every layer
 LAYERS = ["base", "formats", "models", "tasks", "engine", "scoring", "tuning", "analysis", "reports", "study", "loop", "testbed", "cli"]
-BASE = {"errors", "_io", "_lazy", "_charts", "progress"}
+BASE = {"errors", "_io", "_lazy", "_memo", "_charts", "progress"}
 
 
 def module_name(path: Path) -> str:

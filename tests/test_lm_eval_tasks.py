@@ -191,6 +191,30 @@ def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
     assert "\n" not in str(caught.value)
 
 
+def test_a_task_module_that_loads_a_metric_asks_no_hub_that_cannot_be_reached(monkeypatch):
+    """humaneval's module loads the code_eval metric from the hub as it is imported. Where the hub
+    cannot be reached, `evaluate` makes no request (it would retry for seconds per metric): the
+    module fails at once, and the task is refused in one line."""
+    import evaluate.utils.file_utils as evaluate_files
+
+    from softeval.tasks import load_task
+    from softeval.tasks import lm_eval as softeval_lm_eval
+
+    requests = []
+
+    def request(method, url, **kwargs):
+        requests.append(url)
+        raise evaluate_files.requests.exceptions.ConnectionError(f"{url}: no network in this test")
+
+    monkeypatch.setattr(evaluate_files.requests, "request", request)
+    monkeypatch.setattr(evaluate_files.time, "sleep", lambda seconds: None)  # its retries, where it makes requests
+    monkeypatch.setattr(softeval_lm_eval, "hub_unreachable", lambda: "huggingface.co:443 is not reachable (this test)", raising=False)
+    softeval_lm_eval._config.cache_clear()  # read again, not from another test's load
+    with pytest.raises(SoftevalError, match=r"^lm-eval task 'humaneval': its configuration cannot be loaded \(") as caught:
+        load_task("lm-eval:humaneval")
+    assert "\n" not in str(caught.value) and requests == []
+
+
 def test_a_task_module_that_ends_the_process_is_told_in_one_line(monkeypatch, capsys, tmp_path, tiny_model_dirs):
     """lm-eval's slr_bench module calls sys.exit when it is imported without SWI-Prolog (or fails
     to import `evaluate`): softeval goes on to its own one-line error, naming the task and the

@@ -4,13 +4,16 @@ the local caches at once (or fail in one line) instead of after ~30-50 s of retr
 from __future__ import annotations
 
 import functools
+import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
 from urllib.request import getproxies
 
 HUB_PROBE_SECONDS = 3.0
+EVALUATE_OFFLINE = "HF_EVALUATE_OFFLINE"
 
 
 @functools.cache
@@ -37,13 +40,27 @@ def hub_unreachable() -> str | None:
 @contextmanager
 def offline() -> Iterator[None]:
     """Offline mode for one load, as HF_HUB_OFFLINE=1 sets it: datasets, huggingface_hub and
-    transformers read these flags at call time."""
+    transformers read these flags at call time. So does `evaluate` (which lm-eval's task modules
+    call as they are imported, and which otherwise retries the hub for seconds per metric); it
+    reads HF_EVALUATE_OFFLINE when first imported, so where that happens inside, it stays
+    offline afterwards (this runs only once the hub is known to be unreachable)."""
     import datasets
     from huggingface_hub import constants
 
     saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    evaluate_config = sys.modules.get("evaluate.config")
+    evaluate_saved = (os.environ.get(EVALUATE_OFFLINE), getattr(evaluate_config, EVALUATE_OFFLINE, None))
+    os.environ[EVALUATE_OFFLINE] = "1"
+    if evaluate_config is not None:
+        evaluate_config.HF_EVALUATE_OFFLINE = True
     try:
         yield
     finally:
         datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+        if evaluate_saved[0] is None:
+            os.environ.pop(EVALUATE_OFFLINE, None)
+        else:
+            os.environ[EVALUATE_OFFLINE] = evaluate_saved[0]
+        if evaluate_config is not None:
+            evaluate_config.HF_EVALUATE_OFFLINE = evaluate_saved[1]

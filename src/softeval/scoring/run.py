@@ -103,6 +103,11 @@ def _gold_loglikelihoods(examples: list[Example], prompts: list, builder: Prompt
 
 
 def package_versions() -> dict:
+    return dict(_package_versions())
+
+
+@functools.cache  # read once per process: what runs is what was imported, whatever is installed later
+def _package_versions() -> dict:
     names = ("softeval", "torch", "transformers", "datasets")
     return {"python": platform.python_version(), **{n: version(n) for n in names}, "parsers": parsers_version(), "cloze_bytes": CLOZE_BYTES,
             "intervals": INTERVALS}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -34,6 +35,7 @@ from importlib.resources import files
 from softeval.errors import SoftevalError
 from softeval.formats import LETTERS
 from softeval.formats.lm_eval import READINGS
+from softeval.models import hub_unreachable, offline
 
 PREFIX = "lm-eval:"
 # generation tasks whose answer format is known: by name, or by the start of the name
@@ -202,7 +204,10 @@ def _config(task_name: str) -> dict:
         own = f"; or use softeval's built-in --task {task_name}" if builtin else ""
         raise SoftevalError(f"lm-eval '{task_name}' names several tasks (a {entry.kind.name.lower()}); give them one by one{example}{own}")
     try:
-        config = load_yaml(entry.yaml_path, resolve_func=True)
+        # a task's module may load metrics from the hub as it is imported: where the hub cannot be
+        # reached, they fail at once rather than after seconds of retries
+        with offline() if hub_unreachable() else nullcontext():
+            config = load_yaml(entry.yaml_path, resolve_func=True)
     # a task's own module may import what is not installed, or end the process when it is imported
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         raise SoftevalError(f"lm-eval task '{task_name}': its configuration cannot be loaded ({_said(exc)})") from exc

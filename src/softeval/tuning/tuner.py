@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from softeval._io import write_bytes_atomic, write_json_atomic
+from softeval._memo import PerObject
 from softeval.engine import start_engine
 from softeval.errors import SoftevalError
 from softeval.formats import Example
@@ -80,6 +81,7 @@ class Tuner:
             self.prompt = torch.nn.Parameter(vectors.to(next(lm.model.parameters()).device))
         n_soft = 0 if self.prompt is None else config.length
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
+        self._target_ids = PerObject(lambda example: lm.encode(tuning_target(spec, example)))  # the batches repeat rows
         self.lora_targets = None
         self.params = {"soft_prompt": self.prompt}
         if config.method == "lora":
@@ -132,7 +134,7 @@ class Tuner:
         `backward`, each micro-batch's share of the gradient is accumulated as soon as it is
         computed, so only one micro-batch's activations are held at a time (long GSM8K solutions
         would otherwise hold gigabytes). The result is the same as one pass over the batch."""
-        sequences = [(self.builder.generation(e).ids, self.lm.encode(tuning_target(self.spec, e))) for e in examples]
+        sequences = [(self.builder.generation(e).ids, self._target_ids(e)) for e in examples]
         n_targets = sum(len(target) for _, target in sequences)
         total = torch.zeros((), device=self.engine.device)
         for group in _micro_batches(sequences, TOKEN_BUDGET):
