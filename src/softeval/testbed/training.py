@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from itertools import islice
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +77,13 @@ def _save(model, tokenizer, folder: Path, *, chat: bool) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def token_stream(tokenizer, texts, n_tokens: int) -> torch.Tensor:
-    """The first `n_tokens` tokens of the texts, one per line."""
+def token_stream(tokenizer, texts: Iterator[str], n_tokens: int) -> torch.Tensor:
+    """The first `n_tokens` tokens of the endless texts, one per line (tokenised a few hundred at
+    a time: each text's tokens are its own, whatever is tokenised beside it)."""
     ids: list[int] = []
     while len(ids) < n_tokens:
-        ids += tokenizer(next(texts) + "\n")["input_ids"]
+        for row in tokenizer([text + "\n" for text in islice(texts, 256)])["input_ids"]:
+            ids += row
     return torch.tensor(ids[:n_tokens])
 
 
@@ -137,12 +140,17 @@ def posttrain(checkpoint: Path, world: World, tokenizer, tasks: list[Path], out:
     tokenizer.chat_template = CHAT_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     pairs = conversations(tasks)
+    chat_rows = {}  # each conversation's tokens, once: the steps draw the same pairs again and again
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE / 3, weight_decay=0.0)
     model.train()
     with one_thread():
         for _ in range(steps):
-            rows = [_chat_row(tokenizer, *rng.choice(pairs)) for _ in range(BATCH)]
+            drawn = [rng.choice(pairs) for _ in range(BATCH)]
+            for pair in drawn:
+                if pair not in chat_rows:
+                    chat_rows[pair] = _chat_row(tokenizer, *pair)
+            rows = [chat_rows[pair] for pair in drawn]
             rows += [_prose_row(tokenizer, biography(rng.choice(world.people), rng, 1)) for _ in range(BATCH // 4)]
             width = max(len(ids) for ids, _ in rows)
             ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
