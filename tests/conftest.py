@@ -32,7 +32,8 @@ MIRROR = Path(os.environ.get("SOFTEVAL_TEST_DATA", REPO.parent / "shared" / "ben
 # builds side by side each train one process per core, and both took twice as long (a suite of
 # 17.7 minutes against 14.9). The other worker reads the registry's shards and runs the crash
 # tests (the first of which converts the offline models), then the in-loop test, which needs the
-# study: by then it is done, so no worker waits for it.
+# study: on 2 cores it is done by then (the in-loop test waited a minute for it when dealt before
+# the crash tests).
 FIRST = [
     "test_testbed.py::test_a_study_of_the_testbed_states_every_claim",
     "test_testbed.py::test_another_seed_makes_another_world",

@@ -191,10 +191,11 @@ def test_a_task_softeval_cannot_use_is_told_in_one_line(name, message):
     assert "\n" not in str(caught.value)
 
 
-def test_a_task_module_that_loads_a_metric_asks_no_hub_that_cannot_be_reached(monkeypatch):
+def test_a_task_module_that_loads_a_metric_asks_no_hub_that_cannot_be_reached(monkeypatch, tmp_path):
     """humaneval's module loads the code_eval metric from the hub as it is imported. Where the hub
     cannot be reached, `evaluate` makes no request (it would retry for seconds per metric): the
     module fails at once, and the task is refused in one line."""
+    import evaluate.config
     import evaluate.utils.file_utils as evaluate_files
 
     from softeval.tasks import load_task
@@ -207,12 +208,35 @@ def test_a_task_module_that_loads_a_metric_asks_no_hub_that_cannot_be_reached(mo
         raise evaluate_files.requests.exceptions.ConnectionError(f"{url}: no network in this test")
 
     monkeypatch.setattr(evaluate_files.requests, "request", request)
-    monkeypatch.setattr(evaluate_files.time, "sleep", lambda seconds: None)  # its retries, where it makes requests
-    monkeypatch.setattr(softeval_lm_eval, "hub_unreachable", lambda: "huggingface.co:443 is not reachable (this test)", raising=False)
+    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path)  # no copy of the metric cached by an earlier run
+    monkeypatch.setattr(softeval_lm_eval, "hub_unreachable", lambda: "huggingface.co:443 is not reachable (this test)")
     softeval_lm_eval._config.cache_clear()  # read again, not from another test's load
     with pytest.raises(SoftevalError, match=r"^lm-eval task 'humaneval': its configuration cannot be loaded \(") as caught:
         load_task("lm-eval:humaneval")
     assert "\n" not in str(caught.value) and requests == []
+
+
+def test_offline_mode_leaves_evaluate_as_it_found_it(monkeypatch):
+    """Inside `offline()`, evaluate is offline; after, as before: also where it is first imported
+    inside (it reads its setting once, at import), which a fresh interpreter shows."""
+    import os
+    import subprocess
+    import sys
+
+    import evaluate.config
+
+    from softeval.models import offline
+
+    monkeypatch.delenv("HF_EVALUATE_OFFLINE", raising=False)
+    monkeypatch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", False)
+    with offline():
+        assert evaluate.config.HF_EVALUATE_OFFLINE and os.environ["HF_EVALUATE_OFFLINE"] == "1"
+    assert evaluate.config.HF_EVALUATE_OFFLINE is False and "HF_EVALUATE_OFFLINE" not in os.environ
+    fresh = ("import os, sys\nfrom softeval.models import offline\nassert 'evaluate' not in sys.modules\n"
+             "with offline():\n    import evaluate.config\n    assert evaluate.config.HF_EVALUATE_OFFLINE\n"
+             "print(evaluate.config.HF_EVALUATE_OFFLINE, os.environ.get('HF_EVALUATE_OFFLINE'))")
+    after = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0 and after.stdout.strip() == "False None", after.stderr[-1000:]
 
 
 def test_a_task_module_that_ends_the_process_is_told_in_one_line(monkeypatch, capsys, tmp_path, tiny_model_dirs):

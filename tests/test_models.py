@@ -72,10 +72,12 @@ def write_tiny_gguf(path: Path) -> Path:
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True))
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(256), writer.add_embedding_length(64), writer.add_feed_forward_length(128), writer.add_block_count(2)
-    writer.add_head_count(4), writer.add_head_count_kv(2), writer.add_layer_norm_rms_eps(1e-6), writer.add_rope_freq_base(10000.0)
-    writer.add_tokenizer_model("gpt2"), writer.add_token_list(sorted(vocab, key=vocab.get)), writer.add_token_merges(merges)
-    writer.add_token_types([1] * len(vocab)), writer.add_bos_token_id(0), writer.add_eos_token_id(0)
+    metadata = {"context_length": 256, "embedding_length": 64, "feed_forward_length": 128, "block_count": 2, "head_count": 4,
+                "head_count_kv": 2, "layer_norm_rms_eps": 1e-6, "rope_freq_base": 10000.0, "tokenizer_model": "gpt2",
+                "token_list": sorted(vocab, key=vocab.get), "token_merges": merges, "token_types": [1] * len(vocab), "bos_token_id": 0,
+                "eos_token_id": 0}
+    for key, value in metadata.items():
+        getattr(writer, f"add_{key}")(value)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
@@ -84,7 +86,10 @@ def write_tiny_gguf(path: Path) -> Path:
     for name, tensor in model.state_dict().items():
         if name in names:  # lm_head is tied to the embeddings
             writer.add_tensor(names[name], tensor.numpy())
-    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return path
 
 

@@ -114,6 +114,23 @@ def test_tuning_learns_the_format_and_touches_only_the_prompt(tmp_path, tiny_lla
     assert all(p.grad is None for p in tiny_llama.model.parameters())
 
 
+def test_the_tuner_tokenises_each_row_once_however_often_it_is_drawn(tmp_path, tiny_llama, monkeypatch):
+    from softeval.tasks import tuning_target
+
+    spec = _task(tmp_path)
+    steps, batch = 12, 4
+    tuner = Tuner(tiny_llama, spec, TuneConfig(steps=steps, length=4, batch_size=batch, val_size=4))
+    built, generation = [], tuner.builder.generation
+    monkeypatch.setattr(tuner.builder, "generation", lambda example: built.append(example) or generation(example))
+    for step in range(steps):
+        tuner.step(step)
+    drawn = {id(e) for step in range(steps) for e in tuner.batch(step)}
+    assert len(tuner.train) < steps * batch  # so rows are drawn again
+    assert sorted(map(id, built)) == sorted(drawn)  # each drawn row's prompt built once
+    for example in tuner.batch(0):  # and what is kept is what would be built now
+        assert tuner._tokens(example) == (generation(example).ids, tiny_llama.encode(tuning_target(spec, example)))
+
+
 def _tune_interrupted_at_step(crash_step, lm, spec, config, output, monkeypatch):
     """Run `tune` until it is interrupted at `crash_step`, as a Ctrl-C there would."""
     original = Tuner.step

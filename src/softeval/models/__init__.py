@@ -9,6 +9,7 @@ EXPORTS = {
     # hub
     "hub_unreachable": "hub",
     "offline": "hub",
+    "offline_mode_set": "hub",
     # loading
     "ALIASES": "loading",
     "LoadedModel": "loading",

@@ -206,12 +206,12 @@ def load_model(
     """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode. With
     `lazy`, only its config and tokenizer load now, and the weights at the first use of `.model`
     (but for a GGUF file: what its model is is known only once its weights are read)."""
-    options = {"cache_dir": cache_dir, "dtype": dtype, "device": device, "trust_remote_code": trust_remote_code, "lazy": lazy}
     with one_gguf_parse() if model_kind(spec) == "gguf" else nullcontext():  # its tokenizer and weights from one parse
-        return _load_model(spec, **options)
+        return _load_model(spec, cache_dir=cache_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code, lazy=lazy)
 
 
-def _load_model(spec: str, *, cache_dir, dtype, device, trust_remote_code: bool, lazy: bool) -> LoadedModel:
+def _load_model(spec: str, *, cache_dir: str | Path | None, dtype: torch.dtype | None, device: str | None, trust_remote_code: bool,
+                lazy: bool) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -591,8 +591,9 @@ def one_gguf_parse() -> Iterator[None]:
     """Inside, a GGUF file is parsed once. transformers parses the file for the tokenizer, again for
     the config and again for the weights, and each parse reads every token of the vocabulary one
     field at a time (about 14 s for Gemma 3's 262,144 tokens): one parse serves all three. The
-    reader is read-only, so sharing it changes nothing it returns (the converted files are the same
-    bytes; tested)."""
+    reader is read-only and transformers copies what it reads, so sharing it changes nothing a
+    load returns (tests/test_models.py compares the tokens and weights with transformers' own
+    three parses). It swaps the package's attribute for the process: models load on one thread."""
     import gguf
 
     parse = gguf.GGUFReader

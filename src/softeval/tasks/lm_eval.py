@@ -35,7 +35,7 @@ from importlib.resources import files
 from softeval.errors import SoftevalError
 from softeval.formats import LETTERS
 from softeval.formats.lm_eval import READINGS
-from softeval.models import hub_unreachable, offline
+from softeval.models import hub_unreachable, offline, offline_mode_set
 
 PREFIX = "lm-eval:"
 # generation tasks whose answer format is known: by name, or by the start of the name
@@ -203,10 +203,11 @@ def _config(task_name: str) -> dict:
         builtin = (files("softeval.tasks") / "builtin" / f"{task_name}.yaml").is_file()
         own = f"; or use softeval's built-in --task {task_name}" if builtin else ""
         raise SoftevalError(f"lm-eval '{task_name}' names several tasks (a {entry.kind.name.lower()}); give them one by one{example}{own}")
+    # a task's module may load metrics from the hub as it is imported: where the hub is not to be
+    # asked, or cannot be reached, they fail at once rather than after seconds of retries
+    without_hub = offline_mode_set() or hub_unreachable() is not None
     try:
-        # a task's module may load metrics from the hub as it is imported: where the hub cannot be
-        # reached, they fail at once rather than after seconds of retries
-        with offline() if hub_unreachable() else nullcontext():
+        with offline() if without_hub else nullcontext():
             config = load_yaml(entry.yaml_path, resolve_func=True)
     # a task's own module may import what is not installed, or end the process when it is imported
     except (Exception, SystemExit) as exc:  # noqa: BLE001

@@ -11,7 +11,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from softeval._memo import PerObject
 from softeval.errors import SoftevalError
 from softeval.formats import Example
 from softeval.models import LoadedModel
@@ -115,17 +114,10 @@ class PromptBuilder:
                                 "and a soft prompt: no room is left for a prompt; use a model with a longer context, or a smaller max_new_tokens")
         # tokens per demonstration by (id, cloze): examples are unhashable, and the pool outlives the cache
         self._costs: dict[tuple[int, bool], int] = {}
-        # tuning asks for the same rows' prompts at every step and validation
-        self._generated = PerObject(self._generation)
 
     # --- generation ---------------------------------------------------------------------------
 
     def generation(self, example: Example) -> Prompt:
-        """The example's generation prompt (built once per example)."""
-        prompt = self._generated(example)
-        return replace(prompt, ids=list(prompt.ids))  # a copy: the caller's to change
-
-    def _generation(self, example: Example) -> Prompt:
         def attempt(shown: list[Example]) -> tuple[int, tuple[str, list[int]]]:
             text = self._assemble(example, shown, cloze=False)
             ids = self._tokens(text)

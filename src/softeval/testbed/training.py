@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from itertools import islice
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -82,7 +82,10 @@ def token_stream(tokenizer, texts: Iterator[str], n_tokens: int) -> torch.Tensor
     a time: each text's tokens are its own, whatever is tokenised beside it)."""
     ids: list[int] = []
     while len(ids) < n_tokens:
-        for row in tokenizer([text + "\n" for text in islice(texts, 256)])["input_ids"]:
+        chunk = [text + "\n" for text in islice(texts, 256)]
+        if not chunk:
+            raise ValueError(f"the texts ran out after {len(ids)} of {n_tokens} tokens")
+        for row in tokenizer(chunk)["input_ids"]:
             ids += row
     return torch.tensor(ids[:n_tokens])
 

@@ -81,7 +81,8 @@ class Tuner:
             self.prompt = torch.nn.Parameter(vectors.to(next(lm.model.parameters()).device))
         n_soft = 0 if self.prompt is None else config.length
         self.builder = PromptBuilder(spec, lm, chat=config.chat, reserve=spec.max_new_tokens + n_soft)
-        self._target_ids = PerObject(lambda example: lm.encode(tuning_target(spec, example)))  # the batches repeat rows
+        # each row's prompt and target tokens, once: every step's batch and validation loss draw the same rows
+        self._tokens = PerObject(lambda example: (self.builder.generation(example).ids, lm.encode(tuning_target(spec, example))))
         self.lora_targets = None
         self.params = {"soft_prompt": self.prompt}
         if config.method == "lora":
@@ -134,7 +135,7 @@ class Tuner:
         `backward`, each micro-batch's share of the gradient is accumulated as soon as it is
         computed, so only one micro-batch's activations are held at a time (long GSM8K solutions
         would otherwise hold gigabytes). The result is the same as one pass over the batch."""
-        sequences = [(self.builder.generation(e).ids, self._target_ids(e)) for e in examples]
+        sequences = [self._tokens(e) for e in examples]  # shared lists: read, never changed
         n_targets = sum(len(target) for _, target in sequences)
         total = torch.zeros((), device=self.engine.device)
         for group in _micro_batches(sequences, TOKEN_BUDGET):
