@@ -27,13 +27,13 @@ MIRROR = Path(os.environ.get("SOFTEVAL_TEST_DATA", REPO.parent / "shared" / "ben
 
 # Tests of a minute or more (on 2 cores), run first and in this order: `make test` hands each of
 # its two workers two tests to start with, then one more whenever one ends, so the 1st and 2nd go
-# to one worker and the next ones to the other as it finishes tests. The testbed's study (its shared build, then
-# the study: about 4 minutes) and another seed's build run one after the other on one worker: two
-# builds side by side each train one process per core, and both took twice as long (a suite of
-# 17.7 minutes against 14.9). The other worker reads the registry's shards and runs the crash
-# tests (the first of which converts the offline models), then the in-loop test, which needs the
-# study: on 2 cores it is done by then (the in-loop test waited a minute for it when dealt before
-# the crash tests).
+# to one worker and the next ones to the other as it finishes tests. The testbed's study (its
+# shared build, then the study: about 4 minutes) and another seed's build run one after the other
+# on one worker: two builds side by side each train one process per core, and both took twice as
+# long (a suite of 17.7 minutes against 14.9). The other worker reads the registry's shards and
+# runs the crash tests (the first of which converts the offline models), then the in-loop test,
+# which needs the study: on 2 cores it is done by then (the in-loop test waited a minute for it
+# when dealt before the crash tests).
 FIRST = [
     "test_testbed.py::test_a_study_of_the_testbed_states_every_claim",
     "test_testbed.py::test_another_seed_makes_another_world",

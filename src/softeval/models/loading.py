@@ -206,12 +206,13 @@ def load_model(
     """Load a model by alias, local folder, .gguf file or hub id, frozen and in eval mode. With
     `lazy`, only its config and tokenizer load now, and the weights at the first use of `.model`
     (but for a GGUF file: what its model is is known only once its weights are read)."""
-    with one_gguf_parse() if model_kind(spec) == "gguf" else nullcontext():  # its tokenizer and weights from one parse
-        return _load_model(spec, cache_dir=cache_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code, lazy=lazy)
+    kind = model_kind(spec)
+    with one_gguf_parse() if kind == "gguf" else nullcontext():  # its tokenizer and weights from one parse
+        return _load_model(spec, kind, cache_dir=cache_dir, dtype=dtype, device=device, trust_remote_code=trust_remote_code, lazy=lazy)
 
 
-def _load_model(spec: str, *, cache_dir: str | Path | None, dtype: torch.dtype | None, device: str | None, trust_remote_code: bool,
-                lazy: bool) -> LoadedModel:
+def _load_model(spec: str, kind: str, *, cache_dir: str | Path | None, dtype: torch.dtype | None, device: str | None,
+                trust_remote_code: bool, lazy: bool) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -220,7 +221,6 @@ def _load_model(spec: str, *, cache_dir: str | Path | None, dtype: torch.dtype |
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     path = Path(local_checkpoint(spec)).expanduser()
     post_trained_hint = None
-    kind = model_kind(spec)
     if kind == "alias":
         folder = prepare_alias(spec, cache_dir)
         post_trained_hint = ALIASES[spec].post_trained
